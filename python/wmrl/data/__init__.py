@@ -1,0 +1,1 @@
+"""Trajectory files (HDF5): schema, writer, reader, validator."""

@@ -1,0 +1,1 @@
+"""Real-simulator evaluation harness (fixed initial states, success-once, per-episode evidence)."""

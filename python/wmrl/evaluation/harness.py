@@ -1,0 +1,187 @@
+"""Real-simulator evaluation: tasks x fixed initial states, success-once.
+
+Trial i of a task starts from LIBERO's fixed initial state i (``mode=eval``), so every
+policy is scored on the same 10 x 50 starts. Each finished episode is appended to
+``episodes.jsonl`` in the output folder as it completes; rerunning the same command skips
+those and continues. The final ``results.json`` (all episodes, per-task summary, settings
+and simulator versions) is written atomically once every episode is in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wmrl import __version__
+from wmrl.config import EvalConfig, SimConfig, as_dict, default_workers
+from wmrl.fileio import write_json
+from wmrl.sim.vector import EpisodeResult, EpisodeSpec, FixedEpisodes, SimulatorPool
+
+EPISODES_LOG = "episodes.jsonl"
+RESULTS = "results.json"
+
+
+class EvaluationError(RuntimeError):
+    pass
+
+
+def episode_seed(base_seed: int, task: int, trial: int) -> int:
+    """The policy's seed for one trial: fixed by (seed, task, trial), whatever the worker."""
+    return base_seed * 1_000_003 + task * 1_000 + trial
+
+
+def plan(cfg: EvalConfig) -> list[EpisodeSpec]:
+    return [EpisodeSpec(t, init_index=i, seed=episode_seed(cfg.seed, t, i), tag=i)
+            for t in cfg.tasks for i in range(cfg.trials)]
+
+
+def settings_of(policy_id: str, sim: SimConfig, cfg: EvalConfig, extra: dict[str, Any] | None = None) -> dict:
+    from wmrl.sim.env import simulator_versions
+    from wmrl.sim.render import choose_backend
+
+    return {
+        "policy_id": policy_id,
+        "sim": as_dict(sim),
+        "renderer": choose_backend(sim.renderer),
+        "eval_seed": cfg.seed,
+        "init_states": "LIBERO-Spatial fixed initial states (mode=eval), trial i = state i",
+        "success": "success-once (goal held after any step)",
+        "versions": simulator_versions(),
+        "kit_version": __version__,
+        **(extra or {}),
+    }
+
+
+def _fingerprint(settings: dict) -> str:
+    stable = {k: v for k, v in settings.items() if k != "versions"}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _load_done(log: Path, fingerprint: str) -> dict[tuple[int, int], dict]:
+    done: dict[tuple[int, int], dict] = {}
+    if not log.exists():
+        return done
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill: that episode simply runs again
+        if rec.get("settings_fingerprint") != fingerprint:
+            raise EvaluationError(
+                f"{log} holds episodes of an evaluation with other settings; "
+                "choose another OUT, or pass --overwrite to start this one afresh")
+        done[(rec["task"], rec["trial"])] = rec
+    return done
+
+
+def summarize(episodes: list[dict], tasks: tuple[int, ...]) -> dict:
+    per_task = {}
+    for t in tasks:
+        eps = [e for e in episodes if e["task"] == t]
+        wins = sum(e["success"] for e in eps)
+        per_task[str(t)] = {"successes": wins, "trials": len(eps), "success_rate": wins / max(1, len(eps)),
+                            "mean_steps": sum(e["steps"] for e in eps) / max(1, len(eps))}
+    total = sum(v["trials"] for v in per_task.values())
+    wins = sum(v["successes"] for v in per_task.values())
+    return {"per_task": per_task, "successes": wins, "trials": total, "success_rate": wins / max(1, total)}
+
+
+def format_table(summary: dict, instructions: dict[int, str] | None = None) -> str:
+    lines = [f"{'task':>4}  {'success':>9}  {'rate':>6}  {'steps':>6}  instruction"]
+    for t, v in summary["per_task"].items():
+        instr = (instructions or {}).get(int(t), "")
+        lines.append(f"{t:>4}  {v['successes']:>4}/{v['trials']:<4}  {v['success_rate']:>6.1%}  {v['mean_steps']:>6.1f}  {instr}")
+    lines.append(f"{'all':>4}  {summary['successes']:>4}/{summary['trials']:<4}  {summary['success_rate']:>6.1%}")
+    return "\n".join(lines)
+
+
+@dataclass
+class EvalOutput:
+    results_path: Path
+    summary: dict
+
+
+def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathLike,
+             policy_id: str | None = None, overwrite: bool = False, progress: bool = True,
+             extra_settings: dict[str, Any] | None = None) -> EvalOutput:
+    """Evaluate ``policy``: a step-policy name (``"expert"``, ``"random"``) or a chunk policy
+    object with ``act(list[Observation])``. Resumes from ``out_dir/episodes.jsonl``."""
+    from tqdm import tqdm
+
+    from wmrl.sim.render import configure_renderer
+
+    configure_renderer(sim.renderer)  # a missing GL library fails here, before any work
+    out_dir = Path(out_dir)
+    step_policy = policy if isinstance(policy, str) else None
+    policy_id = policy_id or (f"{policy}" if step_policy else getattr(policy, "policy_id", "external"))
+    settings = settings_of(policy_id, sim, cfg, extra_settings)
+    fingerprint = _fingerprint(settings)
+    log = out_dir / EPISODES_LOG
+    if overwrite:
+        for name in (EPISODES_LOG, RESULTS):
+            (out_dir / name).unlink(missing_ok=True)
+    elif (out_dir / RESULTS).exists():
+        raise EvaluationError(f"{out_dir / RESULTS} exists; pass --overwrite to evaluate again (or choose another OUT)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = _load_done(log, fingerprint)
+    todo = [s for s in plan(cfg) if (s.task_index, s.tag) not in done]
+    workers = min(cfg.workers or default_workers(), max(1, len(todo)))
+    record_videos = cfg.videos > 0
+
+    t0 = time.perf_counter()
+    if todo:
+        bar = tqdm(total=len(todo), desc=f"eval {policy_id}", unit="ep", disable=not progress,
+                   initial=0, postfix={"success": "-"})
+        wins = sum(r["success"] for r in done.values())
+        with SimulatorPool(sim, workers, step_policy=step_policy, policy_id=policy_id, record=record_videos) as pool, \
+                open(log, "a") as f:
+            for result in pool.run(FixedEpisodes(todo), None if step_policy else policy):
+                rec = _episode_record(result, fingerprint)
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                done[(rec["task"], rec["trial"])] = rec
+                wins += rec["success"]
+                bar.set_postfix(success=f"{wins}/{len(done)}")
+                bar.update(1)
+                if record_videos and result.spec.tag < cfg.videos:
+                    write_video(result, out_dir / "videos")
+        bar.close()
+    wall = time.perf_counter() - t0
+
+    episodes = sorted(done.values(), key=lambda e: (e["task"], e["trial"]))
+    summary = summarize(episodes, cfg.tasks)
+    results = {"settings": settings, "eval_config": as_dict(cfg), "summary": summary,
+               "wall_s_this_run": round(wall, 2), "workers": workers, "episodes": episodes}
+    path = out_dir / RESULTS
+    write_json(path, results)
+    return EvalOutput(path, summary)
+
+
+def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:
+    s = result.spec
+    return {"task": s.task_index, "trial": s.tag, "init_index": s.init_index, "seed": s.seed,
+            "success": bool(result.success), "steps": int(result.steps), "wall_s": round(result.wall_s, 3),
+            "settings_fingerprint": fingerprint}
+
+
+def write_video(result: EpisodeResult, folder: Path) -> Path | None:
+    """MP4 of one episode, main and wrist camera side by side (one frame per chunk)."""
+    import imageio.v2 as imageio
+    import numpy as np
+
+    traj = result.trajectory
+    if traj is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    s = result.spec
+    name = folder / f"task{s.task_index:02d}_trial{s.tag:02d}_{'success' if result.success else 'failure'}.mp4"
+    frames = np.concatenate([traj.main, traj.wrist], axis=2)
+    tmp = name.with_suffix(".tmp.mp4")
+    imageio.mimwrite(tmp, list(frames), fps=4, macro_block_size=1)
+    os.replace(tmp, name)
+    return name

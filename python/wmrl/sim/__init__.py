@@ -1,0 +1,1 @@
+"""LIBERO-Spatial in the real simulator: tasks, chunked env, scripted expert, worker pool."""

@@ -1,0 +1,305 @@
+"""Run many simulator episodes in parallel worker processes.
+
+Each worker (a ``spawn``-ed process) holds one ``SpatialEnv`` at a time and reuses it for
+consecutive episodes of the same task, because building an env costs ~10 s and a reset
+~30 ms. The scheduler therefore hands a free worker the next episode of the task it already
+has, and only switches it to another task (the one with the most episodes left) when its
+own runs out.
+
+Two ways to drive the episodes:
+
+* a **step policy** by name (``"expert"``, ``"random"``) runs inside each worker and acts
+  every physics step; the worker runs whole episodes on its own, no round trips.
+* a **chunk policy** object (``act(list[Observation]) -> (B, chunk, 7)``) runs in the parent:
+  all workers step in lockstep so one batched forward pass serves them all.
+
+Results arrive as ``EpisodeResult``s in completion order (sort by ``spec`` if order
+matters); each carries the full ``Trajectory`` when ``record=True``. Episodes are a pure
+function of their ``EpisodeSpec`` (task, initial state or reset seed, policy seed), so the
+worker count never changes what happens in an episode.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from wmrl.config import SimConfig
+from wmrl.data.trajectory import Trajectory, TrajectoryRecorder
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    task_index: int
+    init_index: int | None = None  # a fixed initial state (mode=eval); None: random placement
+    seed: int = 0  # random placement seed (mode=train) and the policy's seed
+    tag: int = 0  # the caller's number for it (trial, attempt)
+
+    @property
+    def mode(self) -> str:
+        return "eval" if self.init_index is not None else "train"
+
+
+@dataclass
+class EpisodeResult:
+    spec: EpisodeSpec
+    success: bool
+    steps: int
+    wall_s: float
+    worker: int
+    trajectory: Trajectory | None = None
+
+
+class EpisodeSource(Protocol):
+    def next(self, preferred_task: int | None) -> EpisodeSpec | None: ...
+
+    def on_result(self, result: EpisodeResult) -> None: ...
+
+
+class FixedEpisodes:
+    """A fixed list of episodes, handed out task by task."""
+
+    def __init__(self, specs: list[EpisodeSpec]):
+        self._by_task: dict[int, deque[EpisodeSpec]] = {}
+        for s in specs:
+            self._by_task.setdefault(s.task_index, deque()).append(s)
+        self.total = len(specs)
+
+    def next(self, preferred_task: int | None) -> EpisodeSpec | None:
+        if preferred_task is not None and self._by_task.get(preferred_task):
+            return self._by_task[preferred_task].popleft()
+        left = {t: q for t, q in self._by_task.items() if q}
+        if not left:
+            return None
+        task = max(left, key=lambda t: (len(left[t]), -t))
+        return left[task].popleft()
+
+    def on_result(self, result: EpisodeResult) -> None:
+        pass
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------------------------ worker
+class _Worker:
+    """Lives in the child process: one env, an optional step policy, an optional recorder."""
+
+    def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool):
+        self.index, self.cfg, self.step_policy_name, self.policy_id, self.record = index, cfg, step_policy, policy_id, record
+        self.env = None
+        self.policy = None
+
+    def _env_for(self, task_index: int):
+        from wmrl.sim.env import SpatialEnv
+
+        if self.env is None or self.env.task.index != task_index:
+            if self.env is not None:
+                self.env.close()
+            self.env = SpatialEnv(task_index, self.cfg)
+        return self.env
+
+    def start(self, spec: EpisodeSpec):
+        from wmrl.sim.policies import make_step_policy
+
+        self.spec, self.t0 = spec, time.perf_counter()
+        env = self._env_for(spec.task_index)
+        obs = env.reset(init_index=spec.init_index) if spec.mode == "eval" else env.reset(seed=spec.seed)
+        if self.step_policy_name is not None:
+            self.policy = make_step_policy(self.step_policy_name, spec.seed)
+            self.policy_id = self.policy.policy_id
+            self.policy.reset(env)
+        self.recorder = TrajectoryRecorder() if self.record else None
+        self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
+        return obs
+
+    def _add_frame(self, obs, goal_holds: bool) -> None:
+        if self.recorder is not None:
+            self.recorder.add_frame(main=obs.main, wrist=obs.wrist, proprio=obs.proprio, state=obs.state,
+                                    step=obs.step, goal_holds=goal_holds)
+
+    def step_chunk(self, actions: np.ndarray | None):
+        """Execute one chunk (from ``actions`` or the step policy); returns (obs, done)."""
+        env = self.env
+        goal = False
+        for k in range(self.cfg.chunk_size):
+            if actions is None:
+                a = self.policy.act(env)
+            elif k < len(actions):
+                a = actions[k]
+            else:
+                break
+            a = np.clip(np.asarray(a, dtype=np.float32).reshape(7), -1.0, 1.0)
+            goal = env.step(a)
+            if self.recorder is not None:
+                self.recorder.add_action(a)
+            if env.steps >= self.cfg.max_steps:
+                break
+        obs = env.observe()
+        self._add_frame(obs, goal_holds=goal)
+        return obs, env.done
+
+    def result(self) -> EpisodeResult:
+        env, spec = self.env, self.spec
+        traj = None
+        if self.recorder is not None:
+            import json
+
+            from wmrl import __version__
+
+            traj = self.recorder.finish({
+                "task_index": spec.task_index, "instruction": env.task.instruction,
+                "init_mode": spec.mode, "init_index": -1 if spec.init_index is None else spec.init_index,
+                "seed": spec.seed, "success": env.success, "steps": env.steps, "policy_id": self.policy_id,
+                "chunk_size": self.cfg.chunk_size, "image_size": self.cfg.image_size,
+                "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
+            })
+        return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj)
+
+    def run_episode(self, spec: EpisodeSpec) -> EpisodeResult:
+        self.start(spec)
+        done = False
+        while not done:
+            _, done = self.step_chunk(None)
+        return self.result()
+
+
+def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool) -> None:
+    from wmrl.sim.render import configure_renderer
+
+    try:
+        configure_renderer(cfg.renderer)
+        worker = _Worker(index, cfg, step_policy, policy_id, record)
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "run":
+                conn.send(("done", worker.run_episode(arg)))
+            elif cmd == "reset":
+                conn.send(("obs", worker.start(arg)))
+            elif cmd == "step":
+                obs, done = worker.step_chunk(arg)
+                conn.send(("done", worker.result()) if done else ("obs", obs))
+            elif cmd == "close":
+                break
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except BaseException:
+        try:
+            conn.send(("error", f"worker {index}:\n{traceback.format_exc()}"))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        if "worker" in locals() and worker.env is not None:
+            worker.env.close()
+
+
+# ------------------------------------------------------------------------------------ pool
+class SimulatorPool:
+    """``with SimulatorPool(cfg, workers=2, step_policy="expert") as pool: pool.run(source)``"""
+
+    def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
+                 policy_id: str = "external", record: bool = False):
+        from wmrl.sim.render import configure_renderer
+
+        configure_renderer(cfg.renderer)  # fails here, with the fix, if the GL library is missing
+        self.cfg = cfg
+        self.step_policy = step_policy
+        ctx = mp.get_context("spawn")
+        self._conns, self._procs = [], []
+        for i in range(max(1, workers)):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record), daemon=True)
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(p)
+        self._task_of: dict[int, int | None] = {i: None for i in range(len(self._conns))}
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._conns)
+
+    def __enter__(self) -> "SimulatorPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in self._conns:
+            try:
+                c.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        self._conns, self._procs = [], []
+
+    def _recv(self, w: int):
+        try:
+            kind, payload = self._conns[w].recv()
+        except (EOFError, ConnectionResetError):
+            raise WorkerError(f"simulator worker {w} died (exit code {self._procs[w].exitcode})") from None
+        if kind == "error":
+            raise WorkerError(payload)
+        return kind, payload
+
+    def _assign(self, w: int, source: EpisodeSource, cmd: str) -> EpisodeSpec | None:
+        spec = source.next(self._task_of[w])
+        if spec is not None:
+            self._task_of[w] = spec.task_index
+            self._conns[w].send((cmd, spec))
+        return spec
+
+    def run(self, source: EpisodeSource, policy=None) -> Iterator[EpisodeResult]:
+        """Run every episode ``source`` hands out; yield results as they finish."""
+        if policy is None:
+            if self.step_policy is None:
+                raise ValueError("give a chunk policy, or create the pool with step_policy='expert'|'random'")
+            yield from self._run_in_workers(source)
+        else:
+            yield from self._run_lockstep(source, policy)
+
+    def _run_in_workers(self, source: EpisodeSource) -> Iterator[EpisodeResult]:
+        busy = {w for w in range(self.num_workers) if self._assign(w, source, "run") is not None}
+        while busy:
+            ready = wait([self._conns[w] for w in busy])
+            for w in [w for w in busy if self._conns[w] in ready]:
+                _, result = self._recv(w)
+                source.on_result(result)
+                yield result
+                if self._assign(w, source, "run") is None:
+                    busy.discard(w)
+
+    def _run_lockstep(self, source: EpisodeSource, policy) -> Iterator[EpisodeResult]:
+        obs = {}
+        for w in range(self.num_workers):
+            if self._assign(w, source, "reset") is not None:
+                obs[w] = self._recv(w)[1]
+        while obs:
+            ws = sorted(obs)
+            actions = np.asarray(policy.act([obs[w] for w in ws]), dtype=np.float32)
+            if actions.ndim != 3 or actions.shape[0] != len(ws) or actions.shape[2] != 7:
+                raise ValueError(f"policy returned actions of shape {actions.shape}; expected ({len(ws)}, chunk, 7)")
+            for i, w in enumerate(ws):
+                self._conns[w].send(("step", actions[i]))
+            for w in ws:
+                kind, payload = self._recv(w)
+                if kind == "obs":
+                    obs[w] = payload
+                    continue
+                del obs[w]
+                source.on_result(payload)
+                yield payload
+                if self._assign(w, source, "reset") is not None:
+                    obs[w] = self._recv(w)[1]

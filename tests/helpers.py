@@ -1,0 +1,26 @@
+"""Small builders shared by tests (schema-valid trajectories without running the simulator)."""
+
+import json
+
+import numpy as np
+
+from wmrl.data.trajectory import Trajectory
+
+
+def synthetic_trajectory(frames: int = 4, chunk: int = 8, size: int = 16, seed: int = 0, **attrs) -> Trajectory:
+    rng = np.random.default_rng(seed)
+    steps = (frames - 1) * chunk
+    base = {"task_index": 0, "instruction": "pick up the black bowl", "init_mode": "train", "init_index": -1,
+            "seed": seed, "success": True, "steps": steps, "policy_id": "test", "chunk_size": chunk,
+            "image_size": size, "kit_version": "0.0.0", "sim_settings": json.dumps({"image_size": size})}
+    base.update(attrs)
+    return Trajectory(
+        main=rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8),
+        wrist=rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8),
+        proprio=rng.normal(size=(frames, 8)).astype(np.float32),
+        states=rng.normal(size=(frames, 12)),
+        frame_step=np.arange(frames, dtype=np.int32) * chunk,
+        rewards=np.zeros(frames, np.float32),
+        actions=rng.uniform(-1, 1, (steps, 7)).astype(np.float32),
+        attrs=base,
+    )

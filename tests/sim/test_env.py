@@ -1,0 +1,118 @@
+import dataclasses
+
+import mujoco
+import numpy as np
+import pytest
+
+from wmrl.config import ConfigError, SimConfig
+from wmrl.sim.env import NOOP_ACTION, upright
+from wmrl.sim.tasks import get_task, init_states
+
+
+def test_tasks_come_from_libero_with_their_goal():
+    tasks = [get_task(i) for i in range(10)]
+    assert all(t.instruction.startswith("pick up the black bowl") for t in tasks)
+    assert all(t.place_on == "plate_1" and "black_bowl" in t.target_object for t in tasks)
+    assert init_states(3).shape[0] == 50
+
+
+def test_unknown_task_index_is_refused():
+    with pytest.raises(ConfigError, match="valid indices are 0..9"):
+        get_task(10)
+
+
+def _mean_rows_by_body_prefix(env, camera):
+    sim = env.raw.sim
+    seg = upright(sim.render(width=64, height=64, camera_name=camera, segmentation=True))
+    model = sim.model._model
+    rows: dict[str, list[int]] = {}
+    for r, c in zip(*np.nonzero(seg[..., 0] == mujoco.mjtObj.mjOBJ_GEOM)):
+        body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.geom_bodyid[seg[r, c, 1]])
+        rows.setdefault(body.split("_")[0], []).append(r)
+    return {k: float(np.mean(v)) for k, v in rows.items()}
+
+
+def test_images_are_upright(env0):
+    env0.reset(init_index=0)
+    main = _mean_rows_by_body_prefix(env0, "agentview")
+    # The front camera sees the robot beyond the table: robot at the top, table below it.
+    assert main["robot0"] < 20 and main["table"] > 32, main
+    wrist = _mean_rows_by_body_prefix(env0, "robot0_eye_in_hand")
+    # The wrist camera looks down past the fingers, which appear at the bottom edge.
+    assert wrist["gripper0"] > 48, wrist
+
+
+def test_observation_shapes_and_types(env0, sim_cfg):
+    obs = env0.reset(init_index=1)
+    assert obs.main.shape == obs.wrist.shape == (64, 64, 3) and obs.main.dtype == np.uint8
+    assert obs.proprio.shape == (8,) and obs.proprio.dtype == np.float32
+    assert obs.instruction == get_task(0).instruction and obs.step == 0
+    assert 0.5 < obs.proprio[2] < 1.5  # end effector above the table (metres)
+    assert "akita_black_bowl_1" in obs.privileged and "plate_1" in obs.privileged
+
+
+def test_chunks_step_and_render_only_at_boundaries(env0, sim_cfg, monkeypatch):
+    env0.reset(init_index=0)
+    renders = []
+    real_render = env0.render
+    monkeypatch.setattr(env0, "render", lambda cam: renders.append(cam) or real_render(cam))
+    obs, done = env0.step_chunk(np.tile(NOOP_ACTION, (8, 1)))
+    assert obs.step == 8 and not done
+    assert renders == ["agentview", "robot0_eye_in_hand"]  # once per camera, after the chunk
+
+
+def test_episode_ends_at_max_steps_even_mid_chunk(env0, sim_cfg):
+    env0.cfg = dataclasses.replace(sim_cfg, max_steps=20)  # the 220-step convention works the same way
+    try:
+        env0.reset(init_index=0)
+        steps = []
+        done = False
+        while not done:
+            obs, done = env0.step_chunk(np.tile(NOOP_ACTION, (8, 1)))
+            steps.append(obs.step)
+        assert steps == [8, 16, 20] and not env0.success
+        with pytest.raises(RuntimeError, match="max_steps"):
+            env0.step(NOOP_ACTION)
+    finally:
+        env0.cfg = sim_cfg
+
+
+def test_resets_are_deterministic(env0):
+    a = env0.reset(init_index=4).state
+    b = env0.reset(init_index=4).state
+    np.testing.assert_array_equal(a, b)
+    s1 = env0.reset(seed=123).privileged["akita_black_bowl_1"]
+    s2 = env0.reset(seed=123).privileged["akita_black_bowl_1"]
+    s3 = env0.reset(seed=124).privileged["akita_black_bowl_1"]
+    np.testing.assert_allclose(s1, s2)
+    assert np.abs(s1[:2] - s3[:2]).max() > 1e-3  # another seed, another placement
+    with pytest.raises(ValueError, match="exactly one"):
+        env0.reset()
+
+
+def test_split_physics_step_matches_robosuite_loop(env0, sim_cfg):
+    actions = np.random.default_rng(0).uniform(-1, 1, (24, 7))
+    finals = {}
+    try:
+        for physics in ("stock", "split"):
+            env0.cfg = dataclasses.replace(sim_cfg, physics=physics)
+            env0.reset(init_index=2)
+            for a in actions:
+                env0.step(a)
+            finals[physics] = env0.proprio()
+    finally:
+        env0.cfg = sim_cfg
+    np.testing.assert_allclose(finals["split"], finals["stock"], atol=1e-4)
+
+
+def test_non_finite_actions_are_refused(env0):
+    env0.reset(init_index=0)
+    with pytest.raises(ValueError, match="non-finite"):
+        env0.step(np.full(7, np.nan))
+
+
+def test_bad_config_says_how_to_fix():
+    with pytest.raises(ConfigError, match="osmesa"):
+        SimConfig(renderer="vulkan")
+    with pytest.raises(ConfigError, match="220 convention"):
+        SimConfig(max_steps=0)

@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from wmrl.config import SimConfig
+from wmrl.data.trajectory import TrajectoryWriter
+from wmrl.data.validate import validate_file
+from wmrl.sim.vector import EpisodeSpec, FixedEpisodes, SimulatorPool, WorkerError
+
+CFG = SimConfig(image_size=64, max_steps=24)
+SPECS = [EpisodeSpec(0, init_index=0, seed=11, tag=0), EpisodeSpec(0, seed=7, tag=1), EpisodeSpec(1, init_index=3, seed=5, tag=2)]
+
+
+def _run(workers, policy=None, step_policy="random"):
+    with SimulatorPool(CFG, workers, step_policy=None if policy else step_policy, record=True) as pool:
+        return sorted(pool.run(FixedEpisodes(SPECS), policy), key=lambda r: r.spec.tag)
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    return _run(1)
+
+
+def test_same_specs_give_the_same_episodes_whatever_the_worker_count(one_worker):
+    two = _run(2)
+    assert [r.spec for r in one_worker] == [r.spec for r in two] == SPECS
+    assert {r.worker for r in two} == {0, 1}
+    for a, b in zip(one_worker, two):
+        np.testing.assert_array_equal(a.trajectory.actions, b.trajectory.actions)
+        np.testing.assert_array_equal(a.trajectory.states, b.trajectory.states)
+        np.testing.assert_array_equal(a.trajectory.main, b.trajectory.main)
+        np.testing.assert_array_equal(a.trajectory.wrist, b.trajectory.wrist)
+
+
+def test_recorded_episodes_follow_the_schema(one_worker, tmp_path):
+    r = one_worker[0]
+    t = r.trajectory
+    assert r.steps == 24 and not r.success
+    assert list(t.frame_step) == [0, 8, 16, 24] and t.actions.shape == (24, 7)
+    assert t.attrs["init_mode"] == "eval" and t.attrs["init_index"] == 0
+    assert one_worker[1].trajectory.attrs["init_mode"] == "train" and one_worker[1].trajectory.attrs["init_index"] == -1
+    w = TrajectoryWriter(tmp_path / "x.hdf5")
+    for r in one_worker:
+        w.append(r.trajectory)
+    report = validate_file(w.finalize())
+    assert report.ok, report.problems
+
+
+class ConstantPolicy:
+    policy_id = "constant-down"
+
+    def __init__(self):
+        self.batches = []
+
+    def act(self, observations):
+        self.batches.append(len(observations))
+        a = np.zeros((len(observations), 8, 7), np.float32)
+        a[..., 2] = -0.3  # move down
+        a[..., 6] = -1
+        return a
+
+
+def test_a_batched_policy_drives_all_workers_in_lockstep():
+    policy = ConstantPolicy()
+    results = _run(2, policy=policy)
+    assert [r.steps for r in results] == [24, 24, 24]
+    assert max(policy.batches) == 2  # one forward pass served both workers
+    z = results[0].trajectory.proprio[:, 2]
+    assert z[-1] < z[0] - 0.02  # the end effector really moved down
+    assert results[0].trajectory.attrs["policy_id"] == "external"
+
+
+def test_worker_errors_reach_the_caller():
+    with SimulatorPool(CFG, 1, step_policy="random") as pool:
+        with pytest.raises(WorkerError, match="out of range"):
+            list(pool.run(FixedEpisodes([EpisodeSpec(0, init_index=99)])))
+
+
+def test_bad_action_shape_is_refused():
+    class Bad:
+        def act(self, observations):
+            return np.zeros((len(observations), 7))
+
+    with SimulatorPool(CFG, 1) as pool:
+        with pytest.raises(ValueError, match="expected"):
+            list(pool.run(FixedEpisodes(SPECS[:1]), Bad()))

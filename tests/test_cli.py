@@ -1,0 +1,65 @@
+"""Bad input: one line saying what to do, a non-zero exit, nothing overwritten."""
+
+import subprocess
+import sys
+
+
+def _run(root, script, *args, cwd=None):
+    return subprocess.run([sys.executable, str(root / "python" / script), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_unknown_task_index(root):
+    r = _run(root, "evaluate.py", "--tasks", "12")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "error: TASKS: unknown LIBERO-Spatial task index 12; valid indices are 0..9"
+
+
+def test_too_many_trials(root):
+    r = _run(root, "evaluate.py", "--trials", "80")
+    assert r.returncode == 2 and "use 1..50" in r.stderr
+
+
+def test_existing_output_is_refused(root, tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    r = _run(root, "evaluate.py", "--policy", "random", "--tasks", "0", "--trials", "1", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+    assert (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_existing_demos_with_fewer_episodes_are_refused(root, tmp_path):
+    from tests.helpers import synthetic_trajectory
+    from wmrl.data.trajectory import TrajectoryWriter
+
+    w = TrajectoryWriter(tmp_path / "task_00.hdf5")
+    w.append(synthetic_trajectory())
+    w.finalize()
+    before = (tmp_path / "task_00.hdf5").read_bytes()
+    r = _run(root, "collect_demos.py", "--tasks", "0", "--episodes", "3", "--out", str(tmp_path))
+    assert r.returncode == 2 and "fewer than the 3" in r.stderr and "--overwrite" in r.stderr
+    assert (tmp_path / "task_00.hdf5").read_bytes() == before
+
+
+def test_truncated_input_file_is_reported(root, tmp_path):
+    bad = tmp_path / "cut.hdf5"
+    bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    r = _run(root, "validate_data.py", str(bad))
+    assert r.returncode == 1 and "truncated" in r.stdout
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(root, tmp_path):
+    r = _run(root, "collect_demos.py", "--tasks", "0-2", "--episodes", "4", "--out", str(tmp_path / "d"), "--dry-run")
+    assert r.returncode == 0 and "task_02.hdf5" in r.stdout
+    assert not (tmp_path / "d").exists()
+
+
+def test_missing_renderer_is_one_line(root, tmp_path):
+    r = subprocess.run([sys.executable, str(root / "python" / "evaluate.py"), "--policy", "random", "--tasks", "0",
+                        "--trials", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "MUJOCO_GL": "glfw", "LD_LIBRARY_PATH": "/nonexistent"})
+    # glfw needs libglfw3, which this kit never installs: the check must fire before any env is built
+    if "libglfw" not in r.stderr:
+        import pytest
+
+        pytest.skip("libglfw3 is installed here; the missing-library path is covered by tests/sim/test_render.py")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: rendering backend 'glfw' needs")

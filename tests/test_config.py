@@ -1,0 +1,30 @@
+import pytest
+
+from wmrl.config import ConfigError, EvalConfig, get_profile, override, parse_tasks, profile_names
+
+
+def test_profiles_are_registered_and_tiny_is_small():
+    assert {"default", "tiny"} <= set(profile_names())
+    tiny, full = get_profile("tiny"), get_profile("default")
+    assert tiny.sim.image_size == 64 and full.sim.image_size == 128
+    assert full.eval.trials == 50 and len(full.eval.tasks) == 10 and full.sim.max_steps == 240
+    with pytest.raises(ConfigError, match="choose one of"):
+        get_profile("huge")
+
+
+def test_tasks_parse_lists_ranges_and_all():
+    assert parse_tasks("0,3,5") == (0, 3, 5)
+    assert parse_tasks("2-4") == (2, 3, 4)
+    assert parse_tasks("all") == tuple(range(10))
+    assert parse_tasks(None) is None
+    with pytest.raises(ConfigError, match="valid indices are 0..9"):
+        parse_tasks("3,12")
+    with pytest.raises(ConfigError, match="0-4"):
+        parse_tasks("a")
+
+
+def test_overrides_are_validated():
+    cfg = override(EvalConfig(), trials=5, seed=None)
+    assert cfg.trials == 5 and cfg.seed == 0
+    with pytest.raises(ConfigError, match="1..50"):
+        override(EvalConfig(), trials=60)
