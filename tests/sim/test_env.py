@@ -116,3 +116,14 @@ def test_bad_config_says_how_to_fix():
         SimConfig(renderer="vulkan")
     with pytest.raises(ConfigError, match="220 convention"):
         SimConfig(max_steps=0)
+
+
+def test_committed_task_table_matches_the_installed_libero(root):
+    import json
+
+    table = json.loads((root / "data" / "libero_spatial_tasks.json").read_text())["tasks"]
+    for row in table:
+        t = get_task(row["index"])
+        assert (t.name, t.instruction, t.target_object, t.place_on) == (
+            row["name"], row["instruction"], row["target_object"], row["place_on"])
+        assert init_states(row["index"]).shape[0] == row["fixed_initial_states"] == 50
