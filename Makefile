@@ -1,6 +1,6 @@
 # wmrl: every user-facing target. Thin: each calls a script in python/ or scripts/.
 # Variables mean the same in every target (see README): RUN OUT PROFILE TASKS EPISODES
-# TRIALS SEED DATA POLICY DRY_RUN TESTS WORKERS.
+# TRIALS SEED DATA POLICY DRY_RUN TESTS WORKERS CKPT GPUS STEPS.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -20,14 +20,15 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean
+.PHONY: help setup lock demo test demos eval validate bench clean sft
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
 	@echo "make demo       toy-scale run on CPU: expert demonstrations -> validation -> evaluation"
 	@echo "make test       the test suite (TESTS=tests/sim for a subset)"
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
-	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT)"
+	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
+	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make bench      simulator throughput on this machine"
 	@echo "make lock       regenerate docker/*.lock from docker/requirements-*.in"
@@ -55,8 +56,17 @@ demos: setup
 	$(TRAIN_PY) python/collect_demos.py $(COMMON) --out $(or $(OUT),$(RUN)/demos) $(call opt,--episodes,$(EPISODES))
 
 eval: setup
-	$(TRAIN_PY) python/evaluate.py $(COMMON) --policy $(POLICY) --out $(or $(OUT),$(RUN)/eval/$(POLICY)) \
+	$(TRAIN_PY) python/evaluate.py $(COMMON) $(if $(CKPT),--ckpt $(CKPT) --run $(RUN) $(call opt,--out,$(OUT)),--policy $(POLICY) --out $(or $(OUT),$(RUN)/eval/$(POLICY))) \
 		$(call opt,--trials,$(TRIALS)) $(call opt,--videos,$(VIDEOS))
+
+# Supervised policy training; GPUS=0,1 runs one process per GPU through torchrun.
+NGPUS = $(words $(subst $(comma), ,$(GPUS)))
+comma := ,
+SFT_PY = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(if $(filter-out 0 1,$(NGPUS)),$(TRAIN_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(TRAIN_PY))
+sft: setup
+	$(SFT_PY) python/sft.py --profile $(PROFILE) --run-dir $(RUN) --data $(or $(DATA),$(RUN)/demos) \
+		$(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(SEED)) $(call opt,--steps,$(STEPS)) \
+		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
 
 validate: setup
 	@test -n "$(DATA)" || { echo "error: give DATA=<file or folder of .hdf5 trajectories>"; exit 2; }
@@ -67,3 +77,30 @@ bench: setup
 
 clean:
 	rm -rf runs/demo
+
+# ---- Offline runtime bundle (issue "Offline runtime bundle") ---------------------------------
+# The simulator side for a server with no package index (see python/wmrl/offline/__init__.py).
+#   make offline-bundle [OUT=dir] [PYTHON_VERSION=3.12] [WITH_TORCH=0] [SKIP=names]
+#       wheels + trimmed LIBERO-Spatial asset pack + MANIFEST.json, built with .venv/train.
+#       SKIP: packages the target already has (comma-separated, globs); for PYTHON_VERSION=3.12
+#       it defaults to `gpu-server` (what the GPU server's image holds: numpy, scipy, numba, ...);
+#       SKIP= ships everything.
+#   make offline-install BUNDLE=dir [TARGET=dir] [PYTHON=python3] [TASKS=all] [WORKERS=n] [CHECK_ONLY=1]
+#       verify every file, pip install --no-index --no-deps into PYTHON (or --target TARGET),
+#       unpack the assets, then build and render every task (TASKS) as a check.
+PYTHON_VERSION ?= 3.12
+WITH_TORCH     ?= 0
+OFFLINE_PY_MM   = $(word 1,$(subst ., ,$(PYTHON_VERSION))).$(word 2,$(subst ., ,$(PYTHON_VERSION)))
+OFFLINE_SKIP_3.12 := gpu-server
+SKIP           ?= $(OFFLINE_SKIP_$(OFFLINE_PY_MM))
+
+.PHONY: offline-bundle offline-install
+
+offline-bundle: .venv/train/.lock.sha256
+	$(TRAIN_PY) python/offline_bundle.py build --out $(or $(OUT),.offline/py$(subst .,,$(OFFLINE_PY_MM))) \
+		--python-version $(OFFLINE_PY_MM) $(if $(filter 1 yes true,$(WITH_TORCH)),--with-torch) $(call opt,--skip,$(SKIP))
+
+offline-install:
+	@test -n "$(BUNDLE)$(filter 1 yes true,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
+	$(or $(PYTHON),python3) python/offline_bundle.py install $(call opt,--bundle,$(BUNDLE)) $(call opt,--target,$(TARGET)) \
+		$(if $(filter 1 yes true,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))

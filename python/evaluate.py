@@ -2,6 +2,7 @@
 
     python python/evaluate.py --policy expert --trials 5
     python python/evaluate.py --policy random --tasks 0-2 --trials 10 --out runs/eval/random
+    python python/evaluate.py --ckpt 2000 --run runs/default     # policy checkpoint (make eval CKPT=2000)
 
 Writes OUT/results.json (every episode, per-task summary, settings, simulator versions) and
 prints a per-task table. Rerun the same command after an interruption to continue.
@@ -13,26 +14,41 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import EvalConfig, Profile, get_profile, override, parse_tasks
+from wmrl.config import ConfigError, EvalConfig, Profile, get_profile, override, parse_tasks
 
 
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy", default="expert", choices=["expert", "random"], help="policy to evaluate")
+    p.add_argument("--policy", choices=["expert", "random", "checkpoint"],
+                   help="policy to evaluate (default: expert; checkpoint when --ckpt is given)")
+    p.add_argument("--ckpt", type=int, help="policy checkpoint step: RUN/weights/policy/global_step_N")
+    p.add_argument("--run", default="runs/default", help="run folder holding the checkpoint (with --ckpt)")
+    p.add_argument("--sampler", choices=["ode", "sde"], help="checkpoint sampler (default: the checkpoint's)")
+    p.add_argument("--temperature", type=float, help="SDE temperature at evaluation (default: the checkpoint's)")
     p.add_argument("--trials", type=int, help="trials per task (fixed initial states 0..N-1; default 50)")
     p.add_argument("--videos", type=int, help="episodes per task to save as MP4 (main | wrist)")
     cli.add_common(p)
     args = p.parse_args(argv)
+    args.policy = args.policy or ("checkpoint" if args.ckpt is not None else "expert")
+    if (args.policy == "checkpoint") != (args.ckpt is not None):
+        raise ConfigError("--policy checkpoint goes with --ckpt N (make eval CKPT=N); expert/random take no --ckpt")
     prof = get_profile(args.profile)
     ev = override(prof.eval, tasks=parse_tasks(args.tasks), trials=args.trials, workers=args.workers,
                   seed=args.seed, videos=args.videos)
-    prof = Profile(prof.name, cli.sim_config(args, prof.sim), ev, prof.demos)
+    sim = cli.sim_config(args, prof.sim)
+    if args.ckpt is not None and args.image_size is None:  # a checkpoint is evaluated at its own image size
+        from wmrl.policy.evaluate import checkpoint_image_size
+
+        sim = override(sim, image_size=checkpoint_image_size(args.run, args.ckpt) or None)
+    prof = override(prof, sim=sim, eval=ev)
     return args, prof
 
 
 def main(args: argparse.Namespace, prof: Profile) -> int:
     from wmrl.evaluation.harness import evaluate, format_table
 
+    if args.policy == "checkpoint":
+        return _checkpoint(args, prof)
     out = Path(args.out or f"runs/eval/{args.policy}")
     if args.dry_run:
         cli.print_plan("evaluate", {"policy": args.policy, "episodes": len(prof.eval.tasks) * prof.eval.trials,
@@ -44,6 +60,23 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))
     print(f"results: {result.results_path}")
+    return 0
+
+
+def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
+    from wmrl.evaluation.harness import format_table
+    from wmrl.policy import evaluate as ev
+
+    opts = dict(sampler=args.sampler, temperature=args.temperature)
+    if args.dry_run:
+        cli.print_plan("evaluate checkpoint", ev.plan(args.run, args.ckpt, prof.sim, prof.eval, args.out, **opts))
+        return 0
+    result, evidence = ev.evaluate_checkpoint(args.run, args.ckpt, sim=prof.sim, cfg=prof.eval, out_dir=args.out,
+                                              overwrite=args.overwrite, progress=not args.no_progress, **opts)
+    from wmrl.sim.tasks import get_task
+
+    print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))
+    print(f"evidence: {evidence}")
     return 0
 
 

@@ -115,12 +115,118 @@ class DemoConfig:
             raise ConfigError("max_attempts_factor must be >= 1")
 
 
+EVAL_SAMPLERS = ("ode", "sde")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The flow-matching VLA policy (``wmrl.policy``): sizes, chunk, sampler settings.
+
+    Convention (openpi/pi0): ``x_t = t * noise + (1 - t) * action``, t = 1 is pure noise,
+    the network predicts ``v = noise - action`` and sampling integrates t from 1 down to 0 in
+    ``denoise_steps`` equal steps. ``noise_level`` is the flow-SDE's (RLinf ``flow_sde``);
+    ``temperature_eval`` multiplies the std of every SDE transition at evaluation (only with
+    ``eval_sampler="sde"``; the initial noise stays N(0, I)).
+    """
+
+    chunk_size: int = 8  # actions predicted per call (= SimConfig.chunk_size)
+    action_dim: int = ACTION_DIM
+    proprio_dim: int = 8
+    lang_dim: int = 384  # all-MiniLM-L6-v2 sentence embedding
+    channels: tuple[int, ...] = (32, 64, 128, 256)  # conv stages per camera (ResNet-ish, GroupNorm)
+    grid: int = 8  # image tokens per camera: grid x grid
+    width: int = 256  # transformer width
+    heads: int = 4
+    encoder_layers: int = 2  # fuse image, language and proprio tokens (run once per observation)
+    expert_layers: int = 4  # action expert: self-attention over the chunk, cross-attention to the prefix
+    mlp_ratio: int = 4
+    denoise_steps: int = 10  # K Euler / SDE steps
+    noise_level: float = 0.5  # flow-SDE noise level (RLinf / Flow-GRPO)
+    eval_sampler: str = "sde"  # "sde" (the original's stochastic evaluation) or "ode" (deterministic)
+    temperature_eval: float = 1.6  # multiplies the SDE transition std at evaluation
+    time_beta: tuple[float, float] = (1.5, 1.0)  # pi0: t ~ Beta(1.5, 1), more weight on noisy times
+    augment_shift: float = 0.0625  # random shift (pad + crop) as a fraction of the image size
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.action_dim < 1 or self.proprio_dim < 1 or self.lang_dim < 1:
+            raise ConfigError("policy: chunk_size, action_dim, proprio_dim and lang_dim must be >= 1")
+        if not self.channels or any(c < 4 for c in self.channels):
+            raise ConfigError(f"policy.channels={self.channels}: give one or more conv widths >= 4, e.g. 32,64,128,256")
+        if any(c % min(8, c) for c in self.channels):
+            raise ConfigError(f"policy.channels={self.channels}: each width must be divisible by 8 (GroupNorm) or be < 8")
+        if self.grid < 1:
+            raise ConfigError(f"policy.grid={self.grid}: must be >= 1 (8 default, 2 tiny)")
+        if self.width < 8 or self.heads < 1 or self.width % self.heads:
+            raise ConfigError(f"policy.width={self.width} must be >= 8 and divisible by heads={self.heads}")
+        if self.encoder_layers < 0 or self.expert_layers < 1 or self.mlp_ratio < 1:
+            raise ConfigError("policy: encoder_layers >= 0, expert_layers >= 1 and mlp_ratio >= 1")
+        if self.denoise_steps < 1:
+            raise ConfigError(f"policy.denoise_steps={self.denoise_steps}: must be >= 1 (10 default)")
+        if not 0.0 <= self.noise_level <= 5.0:
+            raise ConfigError(f"policy.noise_level={self.noise_level}: use a value in 0..5 (0.5 is the original's)")
+        if self.eval_sampler not in EVAL_SAMPLERS:
+            raise ConfigError(f"policy.eval_sampler={self.eval_sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
+        if not 0.0 <= self.temperature_eval <= 10.0:
+            raise ConfigError(f"policy.temperature_eval={self.temperature_eval}: use a value in 0..10 (1.6 is the original's)")
+        if len(self.time_beta) != 2 or min(self.time_beta) <= 0:
+            raise ConfigError(f"policy.time_beta={self.time_beta}: two positive Beta parameters, e.g. (1.5, 1.0)")
+        if not 0.0 <= self.augment_shift < 0.5:
+            raise ConfigError(f"policy.augment_shift={self.augment_shift}: a fraction of the image in 0..0.5")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised flow-matching training on demonstrations (``python/sft.py``)."""
+
+    steps: int = 10_000  # optimizer steps (~10 min on one H200 at batch 256, measured on synthetic 128 px data)
+    batch_size: int = 256  # global (split over GPUs under torchrun)
+    lr: float = 3e-4
+    warmup: int = 500  # linear warmup steps, then cosine to lr * min_lr_ratio
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0  # 0: off
+    ema: float = 0.999  # EMA decay of the saved weights; 0: off
+    save_interval: int = 2_000  # checkpoint every N steps (and the last)
+    full_interval: int = 2_000  # of those, a full checkpoint (with train state) every N steps (and the last)
+    eval_interval: int = 500  # validation loss every N steps
+    log_interval: int = 50
+    val_ratio: float = 0.1  # episodes held out for the validation loss (split by episode)
+    seed: int = 0
+    num_workers: int = 0  # threads decoding the HDF5 files at start (0: one per core)
+    bf16: bool = True  # autocast on GPU (CPU runs in float32)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"sft.steps={self.steps}: must be >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"sft.batch_size={self.batch_size}: must be >= 1")
+        if not 0.0 < self.lr < 1.0:
+            raise ConfigError(f"sft.lr={self.lr}: use a learning rate in (0, 1), e.g. 3e-4")
+        if self.warmup < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("sft: warmup must be >= 0 and min_lr_ratio in 0..1")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("sft: weight_decay and grad_clip must be >= 0")
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"sft.ema={self.ema}: an EMA decay in [0, 1) (0 turns EMA off; 0.999 typical)")
+        for name in ("save_interval", "full_interval", "eval_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sft.{name}={getattr(self, name)}: must be >= 1")
+        if self.full_interval % self.save_interval:
+            raise ConfigError(f"sft.full_interval={self.full_interval} must be a multiple of save_interval={self.save_interval}")
+        if not 0.0 <= self.val_ratio <= 0.5:
+            raise ConfigError(f"sft.val_ratio={self.val_ratio}: use 0..0.5 (0 disables the validation loss)")
+        if self.num_workers < 0:
+            raise ConfigError(f"sft.num_workers={self.num_workers}: use 0 (one per core) or a positive count")
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
     sim: SimConfig = field(default_factory=SimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 _PROFILES: dict[str, Profile] = {
@@ -130,6 +236,10 @@ _PROFILES: dict[str, Profile] = {
         sim=SimConfig(image_size=64),
         eval=EvalConfig(tasks=(0, 1), trials=2, videos=0),
         demos=DemoConfig(tasks=(0,), episodes=2),
+        policy=PolicyConfig(channels=(8, 16), grid=2, width=32, heads=2, encoder_layers=1, expert_layers=1,
+                            mlp_ratio=2, denoise_steps=4),
+        sft=SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup=2, ema=0.9, save_interval=10, full_interval=10,
+                      eval_interval=10, log_interval=5, val_ratio=0.5, bf16=False),
     ),
 }
 

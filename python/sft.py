@@ -1,0 +1,89 @@
+"""Supervised training of the flow-matching policy on demonstrations.
+
+    python python/sft.py --run runs/default                    # data: RUN/demos (task_XX.hdf5)
+    python python/sft.py --profile tiny --run runs/try --data runs/try/demos --steps 50
+    torchrun --standalone --nproc_per_node=2 python/sft.py --run-dir runs/a  # GPUs (make sft GPUS=0,1)
+
+Writes RUN/weights/policy/global_step_N/ (model.safetensors, config.json, norm_stats.json,
+language_cache.safetensors; full checkpoints add train_state.pt), RUN/latest_policy.json,
+RUN/logs/sft.jsonl and TensorBoard events in RUN/logs/tensorboard/sft. Rerun the same
+command after an interruption: it continues from the newest full checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from wmrl import cli
+from wmrl.config import get_profile, override, parse_tasks, profile_names
+
+
+def build(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="default", choices=profile_names(), help="named settings (tiny: CPU toy scale)")
+    p.add_argument("--run", "--run-dir", dest="run", default="runs/default",
+                   help="run folder (checkpoints, logs); --run-dir under torchrun, which claims --run")
+    p.add_argument("--data", nargs="+", help="demonstration files or folders (default: RUN/demos)")
+    p.add_argument("--tasks", help="train on these task indices only: 0,3,5 or 0-4 or all (default: every episode)")
+    g = p.add_argument_group("training (default: the profile's)")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--batch-size", type=int, help="global batch (split over GPUs)")
+    g.add_argument("--lr", type=float)
+    g.add_argument("--warmup", type=int)
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--ema", type=float, help="EMA decay of the saved weights (0: off)")
+    g.add_argument("--save-interval", type=int)
+    g.add_argument("--full-interval", type=int, help="full checkpoints (with train state) every N steps")
+    g.add_argument("--eval-interval", type=int, help="validation loss every N steps")
+    g.add_argument("--log-interval", type=int)
+    g.add_argument("--val-ratio", type=float, help="fraction of episodes held out (split by episode)")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--num-workers", type=int, help="processes decoding the HDF5 files at start (0: one per core)")
+    g.add_argument("--no-bf16", action="store_true", help="float32 on GPU too")
+    g = p.add_argument_group("policy sampler (recorded in the checkpoint; used by make eval)")
+    g.add_argument("--denoise-steps", type=int, help="K flow steps")
+    g.add_argument("--noise-level", type=float, help="flow-SDE noise level (0.5)")
+    g = p.add_argument_group("start and stop")
+    g.add_argument("--resume", default="auto", help="auto (newest full checkpoint, if any) or a step number")
+    g.add_argument("--init", help="start a fresh run from these weights (a checkpoint folder; weights-only is fine)")
+    g.add_argument("--stop-after", type=int, help="stop at this step with a full checkpoint (the schedule still targets --steps)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-tensorboard", action="store_true")
+    args = p.parse_args(argv)
+
+    prof = get_profile(args.profile)
+    sft = override(prof.sft, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                   weight_decay=args.weight_decay, ema=args.ema, save_interval=args.save_interval,
+                   full_interval=args.full_interval, eval_interval=args.eval_interval, log_interval=args.log_interval,
+                   val_ratio=args.val_ratio, seed=args.seed, num_workers=args.num_workers,
+                   bf16=False if args.no_bf16 else None)
+    policy = override(prof.policy, denoise_steps=args.denoise_steps, noise_level=args.noise_level)
+    if args.stop_after is not None and args.stop_after < 1:
+        from wmrl.config import ConfigError
+
+        raise ConfigError(f"--stop-after {args.stop_after}: must be >= 1")
+    from wmrl.policy.train import SFTJob, default_command
+
+    run = Path(args.run)
+    job = SFTJob(run=run, data=args.data or [str(run / "demos")], policy=policy, sft=sft, profile=prof.name,
+                 tasks=parse_tasks(args.tasks), init=args.init, resume=args.resume, stop_after=args.stop_after,
+                 device=args.device, progress=not args.no_progress, tensorboard=not args.no_tensorboard,
+                 command=default_command(argv))
+    return args, job
+
+
+def main(args, job) -> int:
+    from wmrl.policy import train
+
+    if args.dry_run:
+        cli.print_plan("sft", train.plan(job))
+        return 0
+    train.main(job)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main(*build()))

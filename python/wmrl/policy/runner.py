@@ -1,0 +1,129 @@
+"""``PolicyRunner``: a policy checkpoint as a chunk policy for the evaluation harness.
+
+The harness's simulator workers step in lockstep and hand the parent a list of
+observations; ``act`` runs one batched forward pass (GPU if available) and returns a
+(B, 8, 7) chunk of actions in the controller's range [-1, 1].
+
+Sampler (recorded with every result through ``settings()``):
+
+* ``sde`` (default, the original's stochastic evaluation): flow-SDE with ``noise_level``;
+  ``temperature`` multiplies the std of every SDE transition (the initial noise stays N(0, I)).
+* ``ode``: deterministic Euler from the initial noise; ``temperature`` does not apply.
+
+Randomness is drawn per observation from a generator seeded by (seed, task, step, simulator
+state), so an episode depends only on its spec and the seed - not on how many workers ran
+or which observations shared a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.config import ConfigError, override
+from wmrl.fileio import sha256_file
+from wmrl.policy.checkpoint import MODEL_FILE, load_checkpoint
+
+
+def pick_device(device: str = "auto"):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: no CUDA device is visible; use cpu or auto")
+    return torch.device(device)
+
+
+class PolicyRunner:
+    def __init__(self, checkpoint: str | os.PathLike, *, device: str = "auto", sampler: str | None = None,
+                 temperature: float | None = None, noise_level: float | None = None,
+                 denoise_steps: int | None = None, seed: int = 0):
+        loaded = load_checkpoint(checkpoint)
+        self.path = Path(checkpoint)
+        self.step = loaded.step
+        self.image_size = loaded.image_size
+        self.cfg = override(loaded.cfg, eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
+                            denoise_steps=denoise_steps)
+        self.device = pick_device(device)
+        self.model = loaded.build_model(self.device).eval()
+        self.norm = loaded.norm.tensors(self.device)
+        self.lang = loaded.lang
+        self.seed = int(seed)
+        self.model_sha256 = sha256_file(self.path / MODEL_FILE)
+        c = self.cfg
+        temp = f"-T{c.temperature_eval:g}" if c.eval_sampler == "sde" else ""
+        self.policy_id = f"flow-policy@step{self.step}-{c.eval_sampler}-K{c.denoise_steps}{temp}"
+
+    def settings(self) -> dict:
+        """Everything that changes the actions: recorded with every evaluation result."""
+        c = self.cfg
+        return {
+            "checkpoint": {"step": self.step, "path": str(self.path), "model_sha256": self.model_sha256},
+            "sampler": c.eval_sampler,
+            "denoise_steps": c.denoise_steps,
+            "noise_level": c.noise_level if c.eval_sampler == "sde" else 0.0,
+            "temperature": c.temperature_eval if c.eval_sampler == "sde" else None,
+            "temperature_applies_to": "std of every flow-SDE transition (initial noise stays N(0, I))"
+                                      if c.eval_sampler == "sde" else "not used by the ODE sampler",
+            "policy_seed": self.seed,
+            "policy_device": str(self.device),
+        }
+
+    def _noise(self, observations) -> tuple:
+        import torch
+
+        c = self.cfg
+        x0, eps = [], []
+        for o in observations:
+            h = hashlib.blake2b(digest_size=8)
+            h.update(np.asarray([self.seed, o.task_index, o.step], np.int64).tobytes())
+            state = getattr(o, "state", None)
+            if state is not None:
+                h.update(np.ascontiguousarray(state, np.float64).tobytes())
+            g = torch.Generator().manual_seed(int.from_bytes(h.digest(), "little") & (2**63 - 1))
+            x0.append(torch.randn((c.chunk_size, c.action_dim), generator=g))
+            eps.append(torch.randn((c.denoise_steps, c.chunk_size, c.action_dim), generator=g))
+        return torch.stack(x0).to(self.device), torch.stack(eps).to(self.device)
+
+    def prefix(self, observations):
+        """Prefix tokens for a list of observations (images uint8 HxWx3, proprio, instruction)."""
+        import torch
+
+        from wmrl.policy.model import images_to_input
+
+        for o in observations:
+            if o.main.shape[:2] != (self.image_size, self.image_size) or o.wrist.shape[:2] != (self.image_size, self.image_size):
+                raise ConfigError(f"the checkpoint was trained on {self.image_size} px images, the simulator renders "
+                                  f"{o.main.shape[0]} px; evaluate with --image-size {self.image_size}")
+        dev = self.device
+        main = images_to_input(torch.from_numpy(np.stack([o.main for o in observations])).to(dev))
+        wrist = images_to_input(torch.from_numpy(np.stack([o.wrist for o in observations])).to(dev))
+        lang = torch.from_numpy(self.lang.lookup([o.instruction for o in observations])).to(dev)
+        proprio = torch.from_numpy(np.stack([np.asarray(o.proprio, np.float32) for o in observations])).to(dev)
+        proprio = (proprio - self.norm["p_m"]) / self.norm["p_s"]
+        return self.model.encode(main, wrist, lang, proprio)
+
+    def unnormalize(self, x):
+        return (x * self.norm["a_s"] + self.norm["a_c"]).clamp(-1.0, 1.0)
+
+    def act(self, observations: list) -> np.ndarray:
+        import torch
+
+        from wmrl.policy.sampling import ode_sample, sde_sample
+
+        if not observations:
+            return np.zeros((0, self.cfg.chunk_size, self.cfg.action_dim), np.float32)
+        c = self.cfg
+        with torch.no_grad():
+            prefix = self.prefix(observations)
+            x0, eps = self._noise(observations)
+            if c.eval_sampler == "ode":
+                x = ode_sample(self.model, prefix, c.denoise_steps, noise=x0)
+            else:
+                x = sde_sample(self.model, prefix, c.denoise_steps, c.noise_level, temperature=c.temperature_eval,
+                               noise=x0, step_noise=eps).actions
+            return self.unnormalize(x).float().cpu().numpy()

@@ -1,0 +1,473 @@
+"""Supervised flow-matching training of the policy on demonstrations (``python/sft.py``).
+
+One code path for CPU, one GPU and several (``torchrun``: DDP, the global batch split over
+ranks, rank 0 writes). Rerunning the same command continues from the newest *full*
+checkpoint in ``RUN/weights/policy``: weights, optimizer, schedule, RNG states, sampler
+position and EMA all come back, so on one device an interrupted run ends with the same
+parameters as an uninterrupted one.
+
+Writes ``RUN/weights/policy/global_step_N/`` (``checkpoint``), ``RUN/latest_policy.json``,
+``RUN/logs/sft.jsonl`` (one JSON record per log/validation event) and TensorBoard events in
+``RUN/logs/tensorboard/sft``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wmrl.config import ConfigError, PolicyConfig, SFTConfig
+from wmrl.policy import checkpoint as ck
+
+LOG_FILE = "sft.jsonl"
+VAL_MAX_SAMPLES = 4096
+
+
+@dataclass
+class SFTJob:
+    run: Path
+    data: list[str]
+    policy: PolicyConfig
+    sft: SFTConfig
+    profile: str = "default"
+    tasks: tuple[int, ...] | None = None
+    init: str | None = None  # checkpoint folder whose weights (and statistics) start a fresh run
+    resume: str = "auto"  # "auto": newest full checkpoint if any; "N": that step (must be full)
+    stop_after: int | None = None  # stop (with a full checkpoint) at this step; the schedule still targets sft.steps
+    device: str = "auto"  # auto | cpu | cuda
+    progress: bool = True
+    tensorboard: bool = True
+    command: str | None = None  # how to rerun (recorded in latest_policy.json)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------- plan
+def find_resume(job: SFTJob) -> ck.CheckpointInfo | None:
+    """The checkpoint this job continues from, or None for a fresh start (cheap: no loading)."""
+    cks = ck.list_checkpoints(job.run)
+    if job.resume == "auto":
+        full = [c for c in cks if c.full]
+        if full:
+            return full[-1]
+        if cks:
+            raise ck.CheckpointError(
+                f"{ck.policy_dir(job.run)} holds only weights-only checkpoints ({', '.join(str(c.step) for c in cks)}); "
+                "they cannot be resumed (no train_state.pt). Start a new RUN, with --init <checkpoint folder> to "
+                "begin from those weights")
+        return None
+    if job.resume in ("no", "none", "fresh"):
+        if cks:
+            raise ck.CheckpointError(f"{ck.policy_dir(job.run)} already holds checkpoints; choose another RUN to start afresh")
+        return None
+    try:
+        step = int(job.resume)
+    except ValueError:
+        raise ConfigError(f"--resume {job.resume!r}: use 'auto' or a step number") from None
+    info = ck.resolve(job.run, step)
+    if not info.full:
+        ck.load_checkpoint(info.path, need_full=True)  # raises the weights-only message
+    return info
+
+
+def plan(job: SFTJob) -> dict:
+    from wmrl.data.trajectory import count_episodes
+    from wmrl.policy.data import find_files
+
+    files = find_files(job.data)
+    resume = find_resume(job)
+    return {"run": str(job.run), "profile": job.profile, "data": [str(f) for f in files],
+            "episodes": sum(count_episodes(f) for f in files), "tasks": job.tasks,
+            "start": f"resume from {resume.path} (step {resume.step})" if resume else
+                     (f"fresh, weights from {job.init}" if job.init else "fresh"),
+            "steps": job.sft.steps, "stop_after": job.stop_after, "policy": asdict(job.policy), "sft": asdict(job.sft),
+            "device": job.device, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _rng_state() -> dict:
+    import torch
+
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]),
+                                                   int(np_state[3]), float(np_state[4])],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    import torch
+
+    random.setstate(_tuplify(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x):
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def lr_factor(step: int, cfg: SFTConfig) -> float:
+    """Linear warmup to 1, then cosine down to ``min_lr_ratio`` at ``cfg.steps``."""
+    if cfg.warmup and step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _param_groups(model, weight_decay: float):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and not name.endswith("pos") and "type_emb" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """On resume: drop log records past the step the run continues from."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except ValueError:
+            continue
+    from wmrl.fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(l + "\n" for l in keep))  # noqa: E741
+
+
+def _make_objective(model):
+    """Batch -> flow-matching loss as a ``torch.nn.Module`` (what DDP wraps)."""
+    import torch
+
+    from wmrl.policy.model import flow_matching_loss
+
+    class Objective(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, main, wrist, lang, proprio, actions, mask):
+            prefix = self.model.encode(main, wrist, lang, proprio)
+            return flow_matching_loss(self.model, prefix, actions, mask)
+
+    return Objective(model)
+
+
+class Batcher:
+    """Gathers a batch from the in-memory data, normalises, augments (training only)."""
+
+    def __init__(self, data, lang_table, norm, cfg: PolicyConfig, device):
+        self.data, self.lang_table, self.device = data, lang_table, device
+        self.n = norm.tensors(device)
+        self.pad = int(round(cfg.augment_shift * data.image_size))
+
+    def __call__(self, split, idx, train: bool):
+        from wmrl.policy.data import random_shift
+        from wmrl.policy.model import images_to_input
+
+        idx = idx.to(split.frame.device)
+        frame = split.frame[idx]
+        main = images_to_input(self.data.main[frame].to(self.device, non_blocking=True))
+        wrist = images_to_input(self.data.wrist[frame].to(self.device, non_blocking=True))
+        if train and self.pad:
+            main, wrist = random_shift(main, self.pad), random_shift(wrist, self.pad)
+        n = self.n
+        lang = self.lang_table[split.lang[idx].to(self.device)]
+        proprio = (self.data.proprio[frame].to(self.device) - n["p_m"]) / n["p_s"]
+        actions = (split.actions[idx].to(self.device) - n["a_c"]) / n["a_s"]
+        mask = split.mask[idx].to(self.device)
+        return main, wrist, lang, proprio, actions, mask
+
+
+# ----------------------------------------------------------------------------------- main
+def main(job: SFTJob) -> dict:
+    import torch
+
+    from wmrl.fileio import sha256_file
+    from wmrl.policy.data import DemoData, EpochSampler, find_files, read_episodes
+    from wmrl.policy.language import builtin_cache
+    from wmrl.policy.model import FlowPolicy
+    from wmrl.policy.normalize import NormStats
+
+    cfg, sc = job.policy, job.sft
+    run = Path(job.run)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = job.device == "cuda" or (job.device == "auto" and torch.cuda.is_available())
+    if job.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if world > 1:
+        import torch.distributed as dist
+
+        if use_cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    if sc.batch_size % world:
+        raise ConfigError(f"batch size {sc.batch_size} must be divisible by the number of processes ({world})")
+    local_batch = sc.batch_size // world
+    is_main = rank == 0
+    say = (lambda *a: print(*a, flush=True)) if is_main else (lambda *a: None)
+
+    # 1. what we continue from: checked fully before anything is read or written
+    resume = find_resume(job)
+    loaded = ck.load_checkpoint(resume.path, expect=cfg, need_full=True) if resume else None
+    init = None
+    if loaded is None and job.init:
+        init = ck.load_checkpoint(_init_path(job.init, run), expect=cfg)
+    start = loaded.step if loaded else 0
+    if start >= sc.steps:
+        say(f"[sft] {resume.path} is at step {start} >= steps={sc.steps}: nothing to do")
+        ck.update_latest(run, resume_command=job.command) if is_main else None
+        return {"step": start, "checkpoint": str(resume.path), "trained_steps": 0}
+    stop = min(sc.steps, job.stop_after) if job.stop_after else sc.steps
+    if stop <= start:
+        say(f"[sft] already at step {start} (stop_after={job.stop_after}): nothing to do")
+        return {"step": start, "checkpoint": str(resume.path), "trained_steps": 0}
+
+    # 2. data, decoded once into memory (on the GPU when training there)
+    t0 = time.perf_counter()
+    files = find_files(job.data)
+    episodes = read_episodes(files, sc.num_workers)
+    data = DemoData(episodes, chunk=cfg.chunk_size, val_ratio=sc.val_ratio, seed=sc.seed,
+                    device=device, tasks=job.tasks)
+    del episodes
+    source = loaded or init
+    if source is not None and source.image_size and source.image_size != data.image_size:
+        raise ck.CheckpointError(f"{source.path} was trained on {source.image_size} px images, the data has "
+                                 f"{data.image_size} px; use data of the same image size")
+    norm = source.norm if source is not None else NormStats.compute(data.train_actions, data.train_proprio)
+    lang = builtin_cache()
+    if source is not None:
+        lang.merge(source.lang)
+    lang.ensure(data.instructions)
+    lang_table = torch.from_numpy(lang.lookup(data.instructions)).to(device)
+    summary = data.summary()
+    say(f"[sft] data: {summary['episodes']} episodes ({summary['train_episodes']} train / {summary['val_episodes']} val), "
+        f"{summary['train_samples']} training samples, {summary['image_size']} px, {summary['memory_mb']} MB of frames "
+        f"on {device} ({time.perf_counter() - t0:.1f} s)")
+    if lang.encoded_now:
+        say(f"[sft] encoded {len(lang.encoded_now)} new instruction(s) with {lang.encoder}")
+    data_meta = {"files": [{"path": str(f), "sha256": sha256_file(f)} for f in files] if is_main else [],
+                 "tasks": list(job.tasks) if job.tasks else None, **{k: summary[k] for k in (
+                     "episodes", "train_episodes", "val_episodes", "train_samples", "val_samples", "image_size")}}
+
+    # 3. model, optimizer, schedule, EMA
+    torch.manual_seed(sc.seed)
+    model = FlowPolicy(cfg).to(device)
+    ema_model = None
+    if sc.ema > 0:
+        ema_model = FlowPolicy(cfg).to(device)
+        ema_model.requires_grad_(False)
+    opt = torch.optim.AdamW(_param_groups(model, sc.weight_decay), lr=sc.lr, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if use_cuda else {}))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, sc))
+    sampler = EpochSampler(data.train.size, sc.seed, rank)
+    if loaded is not None:
+        st = loaded.train_state
+        raw = st.get("model") if sc.ema > 0 else None
+        if sc.ema > 0 and raw is None:
+            raise ck.CheckpointError(f"{loaded.path} was trained without EMA; resume with the same --ema (0)")
+        if sc.ema == 0 and st.get("model") is not None:
+            raise ck.CheckpointError(f"{loaded.path} was trained with EMA; resume with the same --ema")
+        model.load_state_dict(raw if raw is not None else loaded.weights)
+        if ema_model is not None:
+            ema_model.load_state_dict(loaded.weights)
+        try:
+            opt.load_state_dict(st["optimizer"])
+            sched.load_state_dict(st["scheduler"])
+            sampler.load_state_dict(st["sampler"])
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise ck.CheckpointError(f"{loaded.path}/train_state.pt does not fit this run ({e}); resume with the "
+                                     "same data and settings, or start a new RUN") from None
+        _set_rng_state(st["rng"])
+        if world > 1:  # each rank continues its own stream; rank offsets keep them apart
+            torch.manual_seed(int(torch.randint(0, 2**31, (1,)).item()) + rank)
+        say(f"[sft] resuming from {loaded.path} (step {start})")
+    else:
+        if init is not None:
+            model.load_state_dict(init.weights)
+            say(f"[sft] weights from {init.path}")
+        if ema_model is not None:
+            ema_model.load_state_dict(model.state_dict())
+        torch.manual_seed(sc.seed * 7919 + rank)
+    nparams = model.num_parameters
+    say(f"[sft] policy: {nparams / 1e6:.2f} M parameters; {sc.steps} steps of batch {sc.batch_size} "
+        f"({world} process(es), {device}); start at step {start}, stop at {stop}")
+
+    objective = _make_objective(model)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        objective = DDP(objective, device_ids=[local_rank] if use_cuda else None)
+    batcher = Batcher(data, lang_table, norm, cfg, device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda and sc.bf16)
+
+    # 4. logs
+    log_dir = run / "logs"
+    log_path = log_dir / LOG_FILE
+    writer = None
+    if is_main:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        _truncate_log(log_path, start)
+        if job.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                writer = SummaryWriter(str(log_dir / "tensorboard" / "sft"), purge_step=start + 1)
+            except ImportError as e:
+                say(f"[sft] note: TensorBoard unavailable ({e}); logging to {log_path} only")
+    log_file = open(log_path, "a") if is_main else None
+
+    def log(rec: dict) -> None:
+        if log_file is None:
+            return
+        log_file.write(json.dumps(rec) + "\n")
+        log_file.flush()
+        if writer is not None:
+            for k, v in rec.items():
+                if k not in ("step", "time") and isinstance(v, (int, float)):
+                    writer.add_scalar(f"sft/{k}", v, rec["step"])
+
+    def validate() -> float | None:
+        if data.val.size == 0:
+            return None
+        net = ema_model if ema_model is not None else model
+        net.eval()
+        total, count = 0.0, 0
+        n = min(data.val.size, VAL_MAX_SAMPLES)
+        devices = [device] if use_cuda else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast:
+            torch.manual_seed(sc.seed + 12345)
+            for s in range(0, n, local_batch):
+                idx = torch.arange(s, min(n, s + local_batch))
+                main_, wrist_, lang_, prop_, act_, mask_ = batcher(data.val, idx, train=False)
+                from wmrl.policy.model import flow_matching_loss
+
+                loss = flow_matching_loss(net, net.encode(main_, wrist_, lang_, prop_), act_, mask_)
+                total += float(loss) * len(idx)
+                count += len(idx)
+        net.train()
+        return total / max(1, count)
+
+    def save(step: int, full: bool, last_losses: dict) -> Path:
+        weights = (ema_model if ema_model is not None else model).state_dict()
+        state = None
+        if full:
+            state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                     "rng": _rng_state(), "sampler": sampler.state_dict(),
+                     "model": model.state_dict() if ema_model is not None else None,
+                     "world_size": world, "sft": asdict(sc)}
+        extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": data_meta,
+                 "losses": last_losses, "norm_from": str(source.path) if source is not None else "training episodes",
+                 "command": job.command, **job.extra}
+        path = ck.save_checkpoint(run, step, weights=weights, cfg=cfg, image_size=data.image_size, norm=norm,
+                                  lang=lang, train_state=state, extra=extra)
+        ck.update_latest(run, resume_command=job.command)
+        return path
+
+    # 5. the loop
+    from tqdm import tqdm
+
+    bar = tqdm(total=sc.steps, initial=start, desc="sft", unit="step", disable=not (job.progress and is_main),
+               dynamic_ncols=True)
+    model.train()
+    raw_params = list(model.parameters())
+    ema_params = list(ema_model.parameters()) if ema_model is not None else []
+    last = {"loss": float("nan"), "val_loss": None}
+    saved: list[str] = []
+    t_log, n_log, t_start, trained = time.perf_counter(), 0, time.perf_counter(), 0
+    loss_sum = 0.0
+    try:
+        for step in range(start + 1, stop + 1):
+            idx = sampler.next(local_batch)
+            batch = batcher(data.train, idx, train=True)
+            with autocast:
+                loss = objective(*batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), sc.grad_clip if sc.grad_clip > 0 else float("inf"))
+            opt.step()
+            sched.step()
+            if ema_model is not None:
+                decay = min(sc.ema, (1 + step) / (10 + step))
+                with torch.no_grad():
+                    torch._foreach_lerp_(ema_params, raw_params, 1 - decay)
+            # no host sync per step: losses are summed on the device and read at log time
+            loss_sum = loss_sum + loss.detach().float()
+            n_log += 1
+            trained += 1
+            if step % sc.log_interval == 0 or step == stop:
+                mean_loss = float(loss_sum) / n_log
+                if not math.isfinite(mean_loss):
+                    raise FloatingPointError(f"loss is {mean_loss} near step {step}; lower --lr (rerunning resumes "
+                                             "from the last full checkpoint)")
+                now = time.perf_counter()
+                sps = n_log * sc.batch_size / max(1e-9, now - t_log)
+                last["loss"] = mean_loss
+                rec = {"step": step, "loss": mean_loss, "lr": sched.get_last_lr()[0], "grad_norm": float(gnorm),
+                       "samples_per_s": round(sps, 1), "epoch": sampler.epoch, "time": time.time()}
+                log(rec)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{sps:.0f}")
+                t_log, n_log, loss_sum = now, 0, 0.0
+            if step % sc.eval_interval == 0 or step == stop:
+                v = validate() if is_main else None
+                if v is not None:
+                    last["val_loss"] = v
+                    log({"step": step, "val_loss": v, "time": time.time()})
+            if is_main and (step % sc.save_interval == 0 or step == stop):
+                full = step % sc.full_interval == 0 or step == stop
+                saved.append(str(save(step, full, dict(last))))
+            bar.update(1)
+    finally:
+        bar.close()
+        if log_file is not None:
+            log_file.close()
+        if writer is not None:
+            writer.close()
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    elapsed = time.perf_counter() - t_start
+    sps = trained * sc.batch_size / max(1e-9, elapsed)
+    say(f"[sft] {trained} steps in {elapsed:.1f} s ({sps:.1f} samples/s); last loss {last['loss']:.4f}"
+        + (f", val {last['val_loss']:.4f}" if last["val_loss"] is not None else ""))
+    if saved:
+        say(f"[sft] newest checkpoint: {saved[-1]}")
+    return {"step": stop, "trained_steps": trained, "checkpoints": saved, "samples_per_s": sps, **last,
+            "parameters": nparams}
+
+
+def _init_path(init: str, run: Path) -> Path:
+    p = Path(init)
+    if p.is_dir():
+        return p
+    if init.isdigit():
+        return ck.resolve(run, int(init)).path
+    raise ck.CheckpointError(f"--init {init}: no such checkpoint folder (give RUN/weights/policy/global_step_N)")
+
+
+def default_command(argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    return "python python/sft.py " + " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,88 @@
+"""`make eval CKPT=N`: a tiny checkpoint through the real harness, the evidence it leaves,
+and the runner that the harness calls."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.policy.conftest import TASK0
+from wmrl.config import ConfigError
+from wmrl.policy import checkpoint as ck
+from wmrl.sim.env import Observation
+
+
+def _obs(seed: int, task: int = 0, step: int = 0, size: int = 64) -> Observation:
+    rng = np.random.default_rng(seed)
+    return Observation(main=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+                       wrist=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+                       proprio=rng.normal(size=8).astype(np.float32), instruction=TASK0, task_index=task,
+                       state=rng.normal(size=12), step=step)
+
+
+def test_runner_is_batched_bounded_and_batch_independent(trained_run):
+    from wmrl.policy.runner import PolicyRunner
+
+    runner = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3)
+    a, b = _obs(1), _obs(2, step=8)
+    both = runner.act([a, b])
+    assert both.shape == (2, 8, 7) and both.dtype == np.float32
+    assert np.all(np.abs(both) <= 1.0)
+    assert np.allclose(runner.act([b])[0], both[1], atol=1e-5)  # same observation, same actions
+    assert not np.allclose(both[0], both[1])
+    s = runner.settings()
+    assert (s["sampler"], s["temperature"], s["noise_level"], s["denoise_steps"]) == ("sde", 1.6, 0.5, 4)
+    ode = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", sampler="ode")
+    assert ode.settings()["temperature"] is None and "ode" in ode.policy_id
+    assert np.allclose(ode.act([a]), ode.act([a]))
+    with pytest.raises(ConfigError, match="--image-size 64"):
+        runner.act([_obs(1, size=32)])
+
+
+def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys):
+    import evaluate
+
+    argv = ["--profile", "tiny", "--ckpt", "10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
+            "--max-steps", "16", "--workers", "1", "--no-progress"]
+    args, prof = evaluate.build(argv)
+    assert prof.sim.image_size == 64 and args.policy == "checkpoint"
+    assert evaluate.main(args, prof) == 0
+    ev = ck.evidence_path(run_copy, 10)
+    data = json.loads(ev.read_text())
+    assert [(e["task"], e["trial"], e["steps"]) for e in data["episodes"]] == [(0, 0, 16)]
+    s = data["settings"]
+    assert s["sampler"] == "sde" and s["temperature"] == 1.6 and s["noise_level"] == 0.5 and s["denoise_steps"] == 4
+    assert s["checkpoint"]["step"] == 10 and s["policy_id"].startswith("flow-policy@step10")
+    assert s["sim"]["max_steps"] == 16 and data["checkpoint"]["kind"] == "full"
+    latest = json.loads((run_copy / "latest_policy.json").read_text())
+    assert latest["step"] == 10 and latest["evaluation"]["trials"] == 1
+    assert latest["evaluation"]["evidence"] == "evidence/evaluations/global_step_10.json"
+    assert "evidence:" in capsys.readouterr().out
+    # a second evaluation of the same checkpoint is refused without --overwrite; nothing changes
+    before = ev.read_bytes()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        evaluate.main(*evaluate.build(argv))
+    assert ev.read_bytes() == before
+
+
+def test_missing_checkpoint_lists_the_existing_ones(trained_run, root):
+    import evaluate
+
+    with pytest.raises(ck.CheckpointError, match=r"global_step_7; available in .*: 5 \(full\), 10 \(full\)"):
+        evaluate.build(["--profile", "tiny", "--ckpt", "7", "--run", str(trained_run)])
+    res = subprocess.run([".venv/train/bin/python", "python/evaluate.py", "--ckpt", "7", "--run", str(trained_run)],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "error: no policy checkpoint global_step_7" in res.stderr
+    assert "5 (full), 10 (full)" in res.stderr
+    assert not ck.evidence_path(trained_run, 7).exists()
+
+
+def test_make_eval_passes_ckpt_and_run(root):
+    out = subprocess.run(["make", "-n", "eval", "CKPT=12", "RUN=runs/x", "PROFILE=tiny"], cwd=root,
+                         capture_output=True, text=True, timeout=60).stdout
+    line = [l for l in out.splitlines() if "evaluate.py" in l][0]  # noqa: E741
+    assert "--ckpt 12 --run runs/x" in line and "--policy" not in line
+    out = subprocess.run(["make", "-n", "sft", "RUN=runs/x", "GPUS=0,1"], cwd=root, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert "--nproc_per_node=2 python/sft.py --profile default --run-dir runs/x --data runs/x/demos" in out

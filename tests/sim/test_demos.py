@@ -1,0 +1,41 @@
+import shutil
+
+import h5py
+
+from wmrl.config import DemoConfig, SimConfig
+from wmrl.data.trajectory import iter_episodes
+from wmrl.data.validate import validate_file
+from wmrl.sim.demos import collect_demos, reset_seed, task_file
+
+SIM = SimConfig(image_size=64)
+
+
+def test_demos_are_valid_successful_train_mode_episodes(tmp_path):
+    cfg = DemoConfig(tasks=(0,), episodes=1, workers=1, seed=3)
+    summary = collect_demos(cfg, SIM, tmp_path, progress=False)
+    assert summary["incomplete"] == []
+    path = task_file(tmp_path, 0)
+    report = validate_file(path)
+    assert report.ok, report.problems
+    (ep,) = list(iter_episodes(path))
+    assert ep.attrs["success"] and ep.attrs["init_mode"] == "train" and ep.attrs["init_index"] == -1
+    assert ep.attrs["policy_id"] == "scripted-expert-v1"
+    assert ep.attrs["seed"] == reset_seed(3, 0, ep.attrs["seed"] - reset_seed(3, 0, 0))
+    assert ep.rewards[-1] == 1.0  # the goal holds at the last frame
+
+    # A rerun of a finished task does nothing and keeps the file.
+    before = path.read_bytes()
+    again = collect_demos(cfg, SIM, tmp_path, progress=False)
+    assert again["tasks"]["0"]["kept"] == 1 and path.read_bytes() == before
+
+    # An interrupted larger run continues from its partial file without repeating an attempt.
+    partial = path.with_name(path.name + ".partial")
+    shutil.copy(path, partial)
+    path.unlink()
+    first_seed = ep.attrs["seed"]
+    summary = collect_demos(DemoConfig(tasks=(0,), episodes=2, workers=1, seed=3), SIM, tmp_path, progress=False)
+    assert summary["tasks"]["0"]["kept"] == 2
+    seeds = [e.attrs["seed"] for e in iter_episodes(path)]
+    assert seeds[0] == first_seed and len(set(seeds)) == 2
+    with h5py.File(path) as f:
+        assert len(f.attrs["done_attempts"]) >= 2
