@@ -19,7 +19,7 @@ t() { local s=$EPOCHREALTIME; "$@"; echo "[time] $(python3 -c "print(round($EPOC
 
 if [ "$phase" = sim ]; then
   nvidia-smi -L | tee "$OUT/machine.txt"; nproc >> "$OUT/machine.txt"
-  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json"
+  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json" || true
   # SFT on the GPU in the background (its own session, so it outlives this command).
   setsid nohup python3 python/sft.py --run "$RUN" --data "$RUN/demos" --steps "${SFT_STEPS:-4000}" \
       --no-progress --no-tensorboard > "$RUN/sft.log" 2>&1 < /dev/null &

@@ -88,6 +88,7 @@ class SpatialEnv:
             hard_reset=False,
         )
         self.raw = self._wrapper.env  # the robosuite environment (privileged access)
+        self._fixture_rest_poses = self._read_fixture_rest_poses()
         self._disable_camera_observables()
         if cfg.render_profile == "fast":
             self._fast_render_settings()
@@ -100,6 +101,36 @@ class SpatialEnv:
         self.reset(init_index=0)
 
     # ----------------------------------------------------------------------------- setup
+    def _read_fixture_rest_poses(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Fixture body poses as the scene's XML defines them (before any placement).
+
+        LIBERO places objects that stand on a fixture (the bowl on the stove, in the drawer,
+        on the cabinet) relative to the fixture's current pose, then moves the fixture to
+        its newly sampled pose. After a hard reset the fixture sits at its XML pose, so this
+        is right; after a soft reset it still sits at the last sampled pose and the object
+        lands twice offset (~1 m up, tens of cm aside). Restoring these poses before every
+        soft reset makes it behave like a hard reset, without rebuilding the scene.
+        """
+        import mujoco
+
+        xml_model = mujoco.MjModel.from_xml_string(self.raw.model.get_xml())
+        sim_model = self.raw.sim.model._model
+        poses = {}
+        for fixture in self.raw.fixtures_dict.values():
+            name = fixture.root_body
+            src = mujoco.mj_name2id(xml_model, mujoco.mjtObj.mjOBJ_BODY, name)
+            dst = mujoco.mj_name2id(sim_model, mujoco.mjtObj.mjOBJ_BODY, name)
+            poses[dst] = (xml_model.body_pos[src].copy(), xml_model.body_quat[src].copy())
+        return poses
+
+    def _soft_reset(self) -> None:
+        model = self.raw.sim.model._model
+        for body, (pos, quat) in self._fixture_rest_poses.items():
+            model.body_pos[body] = pos
+            model.body_quat[body] = quat
+        self.raw.sim.forward()
+        self._wrapper.reset()
+
     def _disable_camera_observables(self) -> None:
         # robosuite would otherwise render both cameras after every physics step.
         for name, obs in self.raw._observables.items():
@@ -136,11 +167,11 @@ class SpatialEnv:
             # the fixed initial states hold only joint positions: seed it, or the same initial
             # state would show fixtures up to ~1.5 cm apart from one episode to the next.
             self._wrapper.seed(init_index)
-            self._wrapper.reset()
+            self._soft_reset()
             self._wrapper.set_init_state(self._init_states[init_index])
         else:
             self._wrapper.seed(int(seed))
-            self._wrapper.reset()
+            self._soft_reset()
         # MuJoCo warm-starts its constraint solver from the previous step's accelerations;
         # left over from the last episode they make two resets to one state drift apart.
         self.raw.sim.data._data.qacc_warmstart[:] = 0.0
