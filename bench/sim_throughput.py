@@ -22,6 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
+_BARRIER = None
+
+
+def _init(barrier) -> None:
+    global _BARRIER
+    _BARRIER = barrier
+
+
 def _worker(args):
     size, steps, render, task, seed, profile, physics = args
     import numpy as np
@@ -35,6 +43,7 @@ def _worker(args):
     env = SpatialEnv(task, cfg)
     rng = np.random.default_rng(seed)
     env.reset(init_index=seed % 50)
+    _BARRIER.wait()  # every worker has built its env: building must not overlap stepping
     t0 = time.perf_counter()
     done = 0
     while done < steps:
@@ -84,12 +93,13 @@ def main() -> None:
     print(f"{'size':>5} {'mode':>16} {'steps/s/worker':>15} {'aggregate steps/s':>18}")
     rows = []
     ctx = mp.get_context("spawn")
-    with ctx.Pool(args.workers) as pool:
+    barrier = ctx.Barrier(args.workers)
+    with ctx.Pool(args.workers, initializer=_init, initargs=(barrier,)) as pool:
         for size in [int(s) for s in args.sizes.split(",")]:
             for render in (False, True):
                 jobs = [(size, args.steps, render, w % 10, w, args.render_profile, args.physics) for w in range(args.workers)]
                 t0 = time.perf_counter()
-                out = pool.map(_worker, jobs)
+                out = pool.map(_worker, jobs, chunksize=1)
                 per_worker = sum(s / w for s, w in out) / len(out)
                 # aggregate: all steps over the slowest worker's stepping time (construction excluded)
                 aggregate = sum(s for s, _ in out) / max(w for _, w in out)

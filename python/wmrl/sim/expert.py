@@ -50,6 +50,7 @@ All choices are deterministic; the seed only breaks exact ties between equal-cos
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,7 @@ ROT_SCALE = 0.5  # radians of goal offset per unit action
 POS_GAIN = 2.0  # goal offset per metre of position error
 POS_DAMP = 2.0  # steps of velocity subtracted from the error (the arm coasts ~1 step)
 POS_BIAS = 0.01  # extra offset toward the target: joint friction otherwise stalls it ~1 cm short
+CROSS_GAIN = 4.0  # goal offset per metre of sideways error on straight-line moves
 ROT_GAIN = 1.5  # goal offset per radian of orientation error
 ROT_DAMP = 1.0
 
@@ -71,7 +73,10 @@ FAST = 0.05  # goal-offset caps (m): ~1.3 cm/step in free space
 SLOW = 0.025  # ~0.6 cm/step near contacts
 
 # Bowl geometry in the bowl's body frame (akita_black_bowl; the body origin is its foot).
-GRASP_HEIGHT = 0.038  # where the grip site pinches the wall, above the foot (rim top 0.052)
+# (height of the pinch above the bowl's foot, extra cost in m): the pads (16 mm tall) pinch
+# the wall (rim top at 0.052) from 0.034 up, or from 0.041 when the palm needs 7 mm more room
+# above neighbours (task 4's drawer walls end just above the rim).
+GRASP_HEIGHTS = ((0.038, 0.0), (0.045, 0.02))
 PREGRASP_DIST = 0.09  # start of the straight descent, along the bowl axis above the grasp
 # Gripper geometry in the grip-site frame (x: finger axis, z: approach, pointing down).
 FINGER_WIDTH = 0.026  # finger body thickness outside the pad's inner face
@@ -208,7 +213,28 @@ class Scene:
         radial = unit(np.array([centre[0], centre[1], 0.0]))
         slope = abs(np.dot(long_axis, radial) / long_axis[2])
         r0 = float(np.mean([np.hypot(*m.geom_pos[w][:2]) for w in wall]))
+        # Facets for the 16 mm pads: the regular boxes, except the two beside the narrow
+        # filler box that closes the ring. The filler sits ~1 mm further in, so the inner
+        # pad would catch its edge while the outer one presses the neighbour: a pinch on
+        # two different boxes that lets the bowl pivot out as it lifts.
+        angle = {w: np.arctan2(m.geom_pos[w][1], m.geom_pos[w][0]) for w in wall}
+        widest = max(sorted(m.geom_size[w])[1] for w in wall)
+        narrow = [w for w in wall if sorted(m.geom_size[w])[1] < 0.8 * widest]
+        spacing = 2 * np.pi / len(wall)
+        facets = [
+            w for w in wall
+            if w not in narrow and all(abs(wrap(angle[w] - angle[n])) > spacing for n in narrow)
+        ]
+        self.wall_angles = np.unique(np.round([angle[w] for w in facets], 3))
         return r0, float(centre[2]), float(slope)
+
+    def wall_facet(self, angle: float) -> float:
+        """The centre angle (bowl frame) of the wall box nearest ``angle``. The wall is a
+        polygon of ~20-deg flat boxes: pads centred on one press flat against it (several
+        contact points, a pinch that holds the bowl's weight), pads across a seam touch two
+        edges and the bowl pivots out of them as it lifts."""
+        diff = (self.wall_angles - angle + np.pi) % (2 * np.pi) - np.pi
+        return float(self.wall_angles[int(np.argmin(np.abs(diff)))])
 
     def rim_radius(self, h: float) -> float:
         r0, h0, slope = self.wall
@@ -278,6 +304,7 @@ class Grasp:
     opening: float  # pad half gap while approaching (m)
     slot: int  # index of the rim direction (0 .. GRASP_DIRECTIONS-1)
     pitch: float  # lean of the wrist away from the bowl's centre (rad)
+    height: float  # of the pinch above the bowl's foot (m)
     cost: float
 
     @property
@@ -315,8 +342,11 @@ def orient_fingers(scene: Scene, pos: np.ndarray, finger: np.ndarray) -> tuple[n
     return best[1], best[2]
 
 
-def grasp_pose(scene: Scene, slot: int, pitch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Pinch pose on the rim in world direction ``slot`` around the bowl's axis.
+def grasp_pose(
+    scene: Scene, slot: int, pitch: float, height: float = GRASP_HEIGHTS[0][0]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Pinch pose on the rim in world direction ``slot`` around the bowl's axis, ``height``
+    above the bowl's foot.
 
     The hand follows the bowl's tilt (task 5's bowl rests ~16 deg tilted on the ramekin):
     with ``pitch`` 0 the hand axis is the bowl's axis and the finger axis is radial. ``pitch``
@@ -329,9 +359,10 @@ def grasp_pose(scene: Scene, slot: int, pitch: float) -> tuple[np.ndarray, np.nd
     origin, rot = scene.body(scene.bowl)
     axis = rot[:, 2]
     direction = 2 * np.pi * slot / GRASP_DIRECTIONS
-    u = np.array([np.cos(direction), np.sin(direction), 0.0])
-    radial = unit(u - np.dot(u, axis) * axis)
-    pos = origin + axis * GRASP_HEIGHT + radial * scene.rim_radius(GRASP_HEIGHT)
+    u = rot.T @ np.array([np.cos(direction), np.sin(direction), 0.0])  # in the bowl's frame
+    facet = scene.wall_facet(float(np.arctan2(u[1], u[0])))
+    radial = rot @ np.array([np.cos(facet), np.sin(facet), 0.0])
+    pos = origin + axis * height + radial * scene.rim_radius(height)
     c, s = np.cos(pitch), np.sin(pitch)
     approach = -c * axis - s * radial
     x, turn = orient_fingers(scene, pos, c * radial - s * axis)
@@ -386,8 +417,8 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
     for slot in range(GRASP_DIRECTIONS):
         if slot in tried:
             continue
-        for pitch, pitch_cost in PITCHES:
-            pos, rot, descent, turn = grasp_pose(scene, slot, pitch)
+        for (pitch, pitch_cost), (height, height_cost) in itertools.product(PITCHES, GRASP_HEIGHTS):
+            pos, rot, descent, turn = grasp_pose(scene, slot, pitch, height)
             # The hand keeps its offset from the bowl while carrying, so the same grasp
             # decides the arm's reach over the plate too. Turning the wrist is slow
             # (~4 deg/step), which matters when retrying from the other side.
@@ -396,11 +427,12 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
                 reach_cost(scene, pos, rot[:, 2])
                 + reach_cost(scene, at_plate, rot[:, 2])
                 + pitch_cost
+                + height_cost
                 + TURN_COST * turn
             )
             for k, opening in enumerate(OPENINGS):
                 tie = rng.random() * 1e-6  # seeded tie break between equal costs
-                candidates.append(Grasp(pos, rot, descent, opening, slot, pitch, cost + 0.01 * k + tie))
+                candidates.append(Grasp(pos, rot, descent, opening, slot, pitch, height, cost + 0.01 * k + tie))
     candidates.sort(key=lambda g: g.cost)
     for g in candidates:
         if descent_clear(scene, g):
@@ -409,7 +441,7 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
     if candidates:
         return candidates[0]
     pos, rot, descent, _ = grasp_pose(scene, 0, 0.0)
-    return Grasp(pos, rot, descent, OPENINGS[-1], 0, 0.0, np.inf)
+    return Grasp(pos, rot, descent, OPENINGS[-1], 0, 0.0, GRASP_HEIGHTS[0][0], np.inf)
 
 
 # ------------------------------------------------------------------------------ carrying
@@ -472,25 +504,34 @@ class ScriptedExpert:
         self.speed = float(np.linalg.norm(self.vel))
         self.prev_eef, self.prev_rot = eef, eef_rot
         self.phase_steps += 1
+        self.line = None  # set by phases that move along a straight line
         pos, rot, cap, opening = getattr(self, "_" + self.phase)(eef, eef_rot)
         action = np.zeros(7)
-        action[:3] = self._servo_pos(pos - eef, self.vel, cap)
+        action[:3] = self._servo_pos(pos - eef, self.vel, cap, self.line)
         action[3:6] = self._servo_rot(rot @ eef_rot.T, self.ang_vel)
         action[6] = self._gripper_action(opening)
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     # ------------------------------------------------------------------ low-level control
     @staticmethod
-    def _servo_pos(err: np.ndarray, vel: np.ndarray, cap: float) -> np.ndarray:
-        """Goal offset: PD on the position error plus a small push through joint friction."""
-        offset = POS_GAIN * (err - POS_DAMP * vel)
+    def _servo_pos(err: np.ndarray, vel: np.ndarray, cap: float, line: np.ndarray | None = None) -> np.ndarray:
+        """Goal offset: PD on the position error plus a small push through joint friction,
+        capped to ``cap``. With a ``line`` (unit direction of a straight move), the cap
+        limits only the speed along it and the sideways error gets a stiffer PD of its own:
+        the arm drifts sideways by over a centimetre on fast vertical moves otherwise."""
         n_err = np.linalg.norm(err)
-        if n_err > 0.002:
-            offset += POS_BIAS * err / n_err
-        n = np.linalg.norm(offset)
-        if n > cap:
-            offset *= cap / n
-        return offset / POS_SCALE
+        bias = POS_BIAS * err / n_err if n_err > 0.002 else np.zeros(3)
+        if line is None:
+            offset = POS_GAIN * (err - POS_DAMP * vel) + bias
+            n = np.linalg.norm(offset)
+            if n > cap:
+                offset *= cap / n
+            return offset / POS_SCALE
+        along, v_along = float(np.dot(err, line)), float(np.dot(vel, line))
+        cross, v_cross = err - along * line, vel - v_along * line
+        offset_along = np.clip(POS_GAIN * (along - POS_DAMP * v_along) + np.dot(bias, line), -cap, cap)
+        offset_cross = CROSS_GAIN * (cross - POS_DAMP * v_cross)
+        return (offset_along * line + offset_cross) / POS_SCALE
 
     @staticmethod
     def _servo_rot(rot_err: np.ndarray, ang_vel: np.ndarray) -> np.ndarray:
@@ -565,6 +606,7 @@ class ScriptedExpert:
         if self._settled(eef, g.pos, 0.004) or self.phase_steps > PHASE_TIMEOUT["descend"]:
             self._enter("close")
         cap = FAST if np.linalg.norm(g.pos - eef) > 0.04 else SLOW
+        self.line = g.descent
         return g.pos, g.rot, cap, g.opening
 
     def _close(self, eef, eef_rot):
