@@ -78,7 +78,7 @@ bench: setup
 clean:
 	rm -rf runs/demo
 
-# ---- Offline runtime bundle (issue "Offline runtime bundle") ---------------------------------
+# ---- Offline runtime bundle ----------------------------------------------------------------
 # The simulator side for a server with no package index (see python/wmrl/offline/__init__.py).
 #   make offline-bundle [OUT=dir] [PYTHON_VERSION=3.12] [WITH_TORCH=0] [SKIP=names]
 #       wheels + trimmed LIBERO-Spatial asset pack + MANIFEST.json, built with .venv/train.

@@ -42,9 +42,9 @@ def _setup_path() -> None:
         sys.path.insert(0, src)
 
 
-def run_task(job: tuple[int, list[int], int, int]) -> list[dict]:
+def run_task(job: tuple[int, list[int], int, int, bool]) -> list[dict]:
     """Worker: all requested initial states of one task with one env."""
-    task, inits, seed, max_steps = job
+    task, inits, seed, max_steps, random_resets = job
     _setup_path()
     from wmrl.sim.render import configure_renderer
 
@@ -59,7 +59,10 @@ def run_task(job: tuple[int, list[int], int, int]) -> list[dict]:
     try:
         for i in inits:
             t0 = time.time()
-            env.reset(init_index=i)
+            if random_resets:
+                env.reset(seed=i)
+            else:
+                env.reset(init_index=i)
             expert.reset(env)
             success_step = None
             while not env.done:
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="expert seed")
     ap.add_argument("--max-steps", type=int, default=240)
     ap.add_argument("--chunks", type=int, default=0, help="split each task's inits into this many jobs (0: workers-aware default)")
+    ap.add_argument("--random-resets", action="store_true",
+                    help="treat the init indices as seeds of random placements (training-mode resets)")
     ap.add_argument("--out", default=None, help="JSON file for per-episode results")
     args = ap.parse_args(argv)
 
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in range(chunks):
             part = inits[c::chunks]
             if part:
-                jobs.append((t, part, args.seed, args.max_steps))
+                jobs.append((t, part, args.seed, args.max_steps, args.random_resets))
 
     t0 = time.time()
     results: list[dict] = []

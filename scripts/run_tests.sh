@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
-# Run pytest on the given paths, each in the environment it belongs to: tests/worldmodel
-# (and later world-model folders) in .venv/wm (Python 3.10), everything else in .venv/train.
+# Run pytest on the given paths (default: tests), each in the environment it belongs to:
+# tests/worldmodel in .venv/wm (Python 3.10), everything else in .venv/train (Python 3.11).
+#
+# A whole-suite run gives every test folder its own pytest process. MuJoCo's software
+# renderer (OSMesa, llvmpipe) and Triton each load their own LLVM; a process that rendered
+# and then imports Triton (torch does, when it builds an optimizer) crashes. The kit never
+# does both in one process (simulators live in worker processes), and neither do the tests.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 WM_DIRS=(tests/worldmodel)
-paths=("${@:-tests}")
-train_args=(); wm_args=()
-for p in "${paths[@]}"; do
-  is_wm=0
-  for d in "${WM_DIRS[@]}"; do [[ "$p" == "$d"* ]] && is_wm=1; done
-  if [ $is_wm = 1 ]; then wm_args+=("$p"); else train_args+=("$p"); fi
-done
-# A whole-suite run (tests/) covers both environments.
-if [[ " ${train_args[*]-} " == *" tests "* || " ${train_args[*]-} " == *" tests/ "* ]]; then
-  for d in "${WM_DIRS[@]}"; do [ -d "$d" ] && wm_args+=("$d"); done
-  ignore=(); for d in "${WM_DIRS[@]}"; do ignore+=(--ignore="$d"); done
-else
-  ignore=()
-fi
 # DeepSpeed picks its accelerator at import; without a GPU it must be told to use the CPU.
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
-status=0
-if [ ${#train_args[@]} -gt 0 ]; then
-  echo "== tests in .venv/train (Python 3.11): ${train_args[*]}"
-  .venv/train/bin/python -m pytest "${train_args[@]}" "${ignore[@]}" || status=1
-fi
-if [ ${#wm_args[@]} -gt 0 ]; then
-  echo "== tests in .venv/wm (Python 3.10): ${wm_args[*]}"
-  .venv/wm/bin/python -m pytest "${wm_args[@]}" || status=1
-fi
+
+is_wm() { local d; for d in "${WM_DIRS[@]}"; do [[ "$1" == "$d"* ]] && return 0; done; return 1; }
+
+groups=()
+for p in "${@:-tests}"; do
+  p="${p%/}"
+  if [ "$p" = tests ]; then
+    for d in tests/*/; do
+      d="${d%/}"; [ "$(basename "$d")" = __pycache__ ] || groups+=("$d")
+    done
+    top=(tests/test_*.py); [ -e "${top[0]}" ] && groups+=("${top[*]}")
+  else
+    groups+=("$p")
+  fi
+done
+
+status=0; failed=()
+for g in "${groups[@]}"; do
+  # shellcheck disable=SC2206
+  paths=($g)
+  if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; env=wm; else py=.venv/train/bin/python; env=train; fi
+  echo "== $env: ${paths[*]}"
+  "$py" -m pytest -q "${paths[@]}"
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${paths[*]}"); fi  # 5: nothing collected
+done
+if [ $status -ne 0 ]; then echo "FAILED groups: ${failed[*]}"; else echo "all test groups passed"; fi
 exit $status

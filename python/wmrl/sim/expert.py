@@ -118,6 +118,7 @@ PHASE_TIMEOUT = {  # steps; a phase that cannot finish moves on (or regrasps) in
     "release": 6,
 }
 
+UP = np.array([0.0, 0.0, 1.0])
 ROBOT_PREFIXES = ("robot0_", "gripper0_", "mount0_")
 RAY_GROUPS = np.array([1, 0, 0, 0, 0, 0], dtype=np.uint8)  # collision geoms only (group 0)
 
@@ -563,7 +564,7 @@ class ScriptedExpert:
         # Carry the bowl level: undo its resting tilt (task 5's bowl leans ~16 deg on the
         # ramekin). Computed once from the resting pose; the live tilt of a held bowl wobbles.
         _, bowl_rot = s.body(s.bowl)
-        self.carry_rot = rotation_between(bowl_rot[:, 2], np.array([0.0, 0.0, 1.0])) @ self.grasp.rot
+        self.carry_rot = rotation_between(bowl_rot[:, 2], UP) @ self.grasp.rot
         self.bowl_rest_z = s.body(s.bowl)[0][2]
 
     def _enter(self, phase: str) -> None:
@@ -635,6 +636,7 @@ class ScriptedExpert:
         if bowl[2] > self.carry_z - 0.01 or self.phase_steps > PHASE_TIMEOUT["lift"]:
             self._enter("carry")
         cap = SLOW if self.phase_steps < 3 else FAST  # let the pinch take the weight first
+        self.line = UP
         return target, self.grasp.rot, cap, None
 
     def _carry(self, eef, eef_rot):
@@ -661,6 +663,7 @@ class ScriptedExpert:
             self.release_at = target.copy()
             self._enter("release")
         cap = FAST if bowl[2] > release_z + 0.04 else SLOW
+        self.line = -UP
         return target, self.carry_rot, cap, None
 
     def _release(self, eef, eef_rot):
