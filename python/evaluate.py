@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import ConfigError, EvalConfig, Profile, get_profile, override, parse_tasks
+from wmrl.config import ConfigError, Profile, get_profile, override, parse_tasks
 
 
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:

@@ -13,13 +13,14 @@ from wmrl import cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    from wmrl.data.validate import expand_inputs, validate_file
+    from wmrl.data.trajectory import find_trajectory_files
+    from wmrl.data.validate import validate_file
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", help="trajectory files or folders")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
-    reports = [validate_file(f) for f in expand_inputs(args.inputs)]
+    reports = [validate_file(f) for f in find_trajectory_files(args.inputs)]
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:

@@ -104,4 +104,4 @@ def test_cli_exit_code_and_report(good_file, tmp_path, root):
     assert bad.returncode == 1
     assert "missing dataset(s) rewards" in bad.stdout
     missing = subprocess.run([sys.executable, script, str(tmp_path / "nope.hdf5")], capture_output=True, text=True)
-    assert missing.returncode == 1 and "no such file" in missing.stdout
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no such file" in missing.stderr

@@ -260,6 +260,25 @@ def iter_episodes(path: str | os.PathLike) -> Iterator[Trajectory]:
             yield read_episode(data[f"demo_{i}"])
 
 
+def find_trajectory_files(inputs: str | os.PathLike | list | tuple) -> list[Path]:
+    """Files as given; a folder gives the ``*.hdf5`` inside it (below it too), never the
+    ``.partial`` files of a run still in progress."""
+    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    files: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.rglob("*.hdf5"))
+            if not found:
+                raise TrajectoryError(f"{p}: no .hdf5 trajectory files in this folder (make demos writes task_XX.hdf5)")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise TrajectoryError(f"{p}: no such file or folder; give DATA=<a .hdf5 file or a folder of them>")
+    return list(dict.fromkeys(files))
+
+
 def count_episodes(path: str | os.PathLike) -> int:
     with open_trajectories(path) as f:
         return int(f["data"].attrs["num_episodes"])

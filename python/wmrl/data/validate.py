@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from wmrl.data.trajectory import (
     TrajectoryError,
     open_trajectories,
 )
+
 
 PROPRIO_DIM = 8
 ACTION_DIM = 7
@@ -43,21 +43,6 @@ class FileReport:
     def as_dict(self) -> dict:
         return {"path": self.path, "ok": self.ok, "episodes": self.episodes, "successes": self.successes,
                 "frames": self.frames, "steps": self.steps, "problems": self.problems}
-
-
-def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Files as given; folders expand to the ``*.hdf5`` files inside them."""
-    out: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(p.rglob("*.hdf5"))
-            if not found:
-                raise TrajectoryError(f"{p}: folder holds no .hdf5 files")
-            out.extend(found)
-        else:
-            out.append(p)
-    return out
 
 
 def _check_episode(name: str, g, problems: list[str]) -> tuple[int, int, bool]:

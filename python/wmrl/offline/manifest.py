@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
+from wmrl.fileio import sha256_file  # noqa: F401  (stdlib only; re-exported for the bundle modules)
 from wmrl.offline import MANIFEST_NAME, WHEELS_DIR
 
 
 class VerificationError(RuntimeError):
     """The bundle differs from its manifest; the message names every file concerned."""
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def bundle_files(root: Path) -> list[str]:

@@ -25,20 +25,9 @@ from wmrl.data.trajectory import TrajectoryError
 
 def find_files(data: str | os.PathLike | list) -> list[Path]:
     """A folder (its ``*.hdf5``, never ``.partial`` files), a file, or a list of either."""
-    items = data if isinstance(data, (list, tuple)) else [data]
-    files: list[Path] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(p.glob("*.hdf5"))
-            if not found:
-                raise TrajectoryError(f"{p}: no .hdf5 trajectory files in this folder (make demos writes task_XX.hdf5)")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise TrajectoryError(f"{p}: no such file or folder; give DATA=<folder of task_XX.hdf5 or a file> (make demos first)")
-    return list(dict.fromkeys(files))
+    from wmrl.data.trajectory import find_trajectory_files
+
+    return find_trajectory_files(data)
 
 
 def _read_file(path: str) -> list[dict]:

@@ -15,17 +15,19 @@ the target black bowl and put it on the plate, so one state machine serves all t
     backoff   (after a failed pinch) open, rise, re-plan from the bowl's new pose
 
 Grasp. The bowl (11 cm wide) is wider than the open gripper (8 cm), so the hand pinches the
-rim wall from above: finger axis radial, one finger inside the bowl, one outside, the wrist
-leaning 15 deg outward so the pads lie flat on the flared wall. Candidates are 12
-directions around the rim x two leans x two finger openings. Each is scored by how
-comfortable the arm is, at the bowl and later over the plate (the wrist's distance from the
-robot base: far reaches lock the elbow at joint 4's limit and make the hand sway, very
-close ones fold the arm), plus how far the wrist must turn; joint 7's range decides which
-of the two symmetric finger-axis signs to use. In order of score, candidates are checked
-by casting rays (``mujoco.mj_ray``) along the path that the fingers and the palm sweep on
-the way down, and the first clear one is used: the drawer walls of task 4 stand higher
-than the rim, and the ramekin, cookie box, stove and the other bowl crowd the others. The
-hand follows the bowl's resting tilt (task 5's bowl leans ~16 deg on the ramekin).
+rim wall from above: finger axis radial, one finger inside the bowl, one outside, the pads
+centred on one of the flat boxes that make up the wall (a pinch across a seam slips).
+Candidates are 12 directions around the rim x 5 variants (wrist lean of 15, 7.5 or 0 deg
+outward, pinch height) x 2 finger openings. Each is scored by how comfortable the arm is,
+at the bowl and later over the plate (the wrist's distance from the robot base: far
+reaches lock the elbow at joint 4's limit and make the hand sway, very close ones fold the
+arm), how far the wrist must turn, and the variant (the 15-deg lean lays the pads flat on
+the flared wall and holds best); joint 7's range decides which of the two symmetric
+finger-axis signs to use. Candidates are checked best first by casting rays
+(``mujoco.mj_ray``) along the paths that the fingers and the palm sweep on the way down:
+the drawer walls of task 4 stand higher than the rim, and the ramekin, cookie box, stove
+and the other bowl crowd the others. The hand follows the bowl's resting tilt (task 5's
+bowl leans ~16 deg on the ramekin).
 
 Carry. The carry height makes every point of the load (the bowl's rim circle at its foot's
 height, the fingers, the palm) clear whatever lies under the straight path to the plate,
@@ -38,7 +40,9 @@ of the offset per 50 ms step and the arm coasts about one step after the offset 
 the offset is a PD law on the pose error (gain 2, damping by the last step's motion) plus
 a 1 cm push toward the target that overcomes joint friction, which otherwise leaves the
 hand ~1 cm short. Offsets are capped per phase (~1.3 cm/step in free space, half that near
-contacts). Phases advance only when the hand is close to its target and nearly still, so
+contacts). Straight moves (descent, lift, lowering) cap only the speed along their line and
+correct sideways error with a stiffer gain: the arm otherwise drifts ~1.5 cm sideways on the
+way down. Phases advance only when the hand is close to its target and nearly still, so
 contacts happen slowly; every phase has a step budget so nothing stalls.
 
 Gripper. The Panda gripper integrates the sign of the action (-1 open, +1 close, 0 hold) by
@@ -50,7 +54,6 @@ All choices are deterministic; the seed only breaks exact ties between equal-cos
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,11 +75,18 @@ ROT_DAMP = 1.0
 FAST = 0.05  # goal-offset caps (m): ~1.3 cm/step in free space
 SLOW = 0.025  # ~0.6 cm/step near contacts
 
-# Bowl geometry in the bowl's body frame (akita_black_bowl; the body origin is its foot).
-# (height of the pinch above the bowl's foot, extra cost in m): the pads (16 mm tall) pinch
-# the wall (rim top at 0.052) from 0.034 up, or from 0.041 when the palm needs 7 mm more room
-# above neighbours (task 4's drawer walls end just above the rim).
-GRASP_HEIGHTS = ((0.038, 0.0), (0.045, 0.02))
+# Pinch variants: (wrist lean in rad, grip-site height above the bowl's foot in m, extra
+# cost in m). Leaning 15 deg lays the pads flat on the flared wall (rim top at 0.052) and
+# holds best; leaning less lowers the palm's outer end less (task 4's drawer walls end just
+# above the rim), as does pinching higher. Upright pads touch the wall along two edges and
+# hold only when low (upright and high, 0 of 8 lifts held).
+GRASP_VARIANTS = (
+    (0.26, 0.038, 0.0),
+    (0.26, 0.045, 0.02),
+    (0.13, 0.038, 0.02),
+    (0.13, 0.045, 0.03),
+    (0.0, 0.038, 0.04),
+)
 PREGRASP_DIST = 0.09  # start of the straight descent, along the bowl axis above the grasp
 # Gripper geometry in the grip-site frame (x: finger axis, z: approach, pointing down).
 FINGER_WIDTH = 0.026  # finger body thickness outside the pad's inner face
@@ -85,11 +95,16 @@ FINGER_HALF_DEPTH = 0.010
 HAND_BOTTOM = 0.031  # hand (palm) bottom above the grip site
 HAND_HALF_LENGTH = 0.102  # along the finger axis
 HAND_HALF_DEPTH = 0.032
-FINGER_CLEARANCE = 0.008  # required free distance beyond each swept point
+# Free distance required beyond the pinch along the descent, for points on the finger
+# bottoms and on the palm bottom. The hand tracks its target to ~5 mm and ~2 deg, which moves
+# the ends of the 20 cm palm by more; a palm clearance under the comfortable one is allowed
+# but costs (m of cost per m short).
+FINGER_CLEARANCE = 0.008
+PALM_CLEARANCE_MIN = 0.009
 PALM_CLEARANCE = 0.015
+TIGHT_PALM_COST = 10.0
 
 GRASP_DIRECTIONS = 12  # candidate pinch points around the rim
-PITCHES = ((0.26, 0.0), (0.0, 0.03))  # (wrist lean in rad, extra cost in m)
 TURN_COST = 0.02  # cost (m) per radian the wrist must turn to the grasp
 Q7_SAFE = 2.4  # keep joint 7 within +-this (limit 2.9) at the grasp
 WRIST_OFFSET = 0.25  # wrist centre above the grip site along the hand axis
@@ -344,7 +359,7 @@ def orient_fingers(scene: Scene, pos: np.ndarray, finger: np.ndarray) -> tuple[n
 
 
 def grasp_pose(
-    scene: Scene, slot: int, pitch: float, height: float = GRASP_HEIGHTS[0][0]
+    scene: Scene, slot: int, pitch: float, height: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Pinch pose on the rim in world direction ``slot`` around the bowl's axis, ``height``
     above the bowl's foot.
@@ -371,28 +386,40 @@ def grasp_pose(
     return pos, np.column_stack([x, y, approach]), -axis, turn
 
 
-def swept_points(pos: np.ndarray, rot: np.ndarray, opening: float) -> list[tuple[np.ndarray, float]]:
-    """Points on the fingers' bottoms and the palm's bottom at the pinch pose, each with the
-    clearance it needs beyond the pinch (the hand tracks its target to ~5 mm and ~2 deg,
-    which moves the ends of the 20 cm palm by more)."""
-    pts = []
-    for side in (-1.0, 1.0):
-        for dx in (0.0, FINGER_WIDTH / 2, FINGER_WIDTH):
-            for dy in (-FINGER_HALF_DEPTH, 0.0, FINGER_HALF_DEPTH):
-                pts.append((np.array([side * (opening + dx), dy, FINGER_TIP]), FINGER_CLEARANCE))
-    for dx in np.linspace(-HAND_HALF_LENGTH, HAND_HALF_LENGTH, 7):
-        for dy in (-HAND_HALF_DEPTH, 0.0, HAND_HALF_DEPTH):
-            pts.append((np.array([dx, dy, -HAND_BOTTOM]), PALM_CLEARANCE))
-    return [(pos + rot @ p, c) for p, c in pts]
+def swept_points(pos: np.ndarray, rot: np.ndarray, opening: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Points on the fingers' bottoms and on the palm's bottom with the grip site at
+    ``pos``, ``rot`` and the pads ``opening`` apart from the site."""
+    fingers = [
+        pos + rot @ np.array([side * (opening + dx), dy, FINGER_TIP])
+        for side in (-1.0, 1.0)
+        for dx in (0.0, FINGER_WIDTH / 2, FINGER_WIDTH)
+        for dy in (-FINGER_HALF_DEPTH, 0.0, FINGER_HALF_DEPTH)
+    ]
+    palm = [
+        pos + rot @ np.array([dx, dy, -HAND_BOTTOM])
+        for dx in np.linspace(-HAND_HALF_LENGTH, HAND_HALF_LENGTH, 7)
+        for dy in (-HAND_HALF_DEPTH, 0.0, HAND_HALF_DEPTH)
+    ]
+    return fingers, palm
 
 
-def descent_clear(scene: Scene, grasp: Grasp) -> bool:
-    """No collision geom (the bowl included) in the path that the fingers and the palm
-    sweep from the pregrasp pose down to the pinch, and a little beyond."""
-    return all(
-        scene.ray(p - grasp.descent * PREGRASP_DIST, grasp.descent, PREGRASP_DIST + c, set()) is None
-        for p, c in swept_points(grasp.pos, grasp.rot, grasp.opening)
-    )
+def descent_clearance(scene: Scene, grasp: Grasp) -> tuple[float, float]:
+    """Free distance beyond the pinch (capped at ``PALM_CLEARANCE``) along the descent, for
+    the fingers and for the palm: rays from the pregrasp pose of each swept point down to
+    its pinch pose and on. The bowl itself counts: a finger landing on the rim is blocked."""
+
+    def clearance(points: list[np.ndarray]) -> float:
+        worst = PALM_CLEARANCE
+        for p in points:
+            hit = scene.ray(p - grasp.descent * PREGRASP_DIST, grasp.descent, PREGRASP_DIST + worst, set())
+            if hit is not None:
+                worst = hit - PREGRASP_DIST
+                if worst < 0:
+                    break
+        return worst
+
+    fingers, palm = swept_points(grasp.pos, grasp.rot, grasp.opening)
+    return clearance(fingers), clearance(palm)
 
 
 def reach_cost(scene: Scene, pos: np.ndarray, hand_axis: np.ndarray) -> float:
@@ -410,15 +437,16 @@ def reach_cost(scene: Scene, pos: np.ndarray, hand_axis: np.ndarray) -> float:
 
 def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp:
     """The cheapest pinch whose descent is clear. Candidates are all rim directions (except
-    those already tried) x wrist pitches x openings; costs are cheap, ray casts are not, so
-    candidates are checked in order of cost until one is clear."""
+    those already tried) x pinch variants x openings. Costs are cheap, ray casts are not, so
+    candidates are checked best first; a tight palm clearance adds to a candidate's cost,
+    so the search goes on until no unchecked candidate can beat the best one found."""
     bowl, _ = scene.body(scene.bowl)
     plate, _ = scene.body(scene.plate)
     candidates = []
     for slot in range(GRASP_DIRECTIONS):
         if slot in tried:
             continue
-        for (pitch, pitch_cost), (height, height_cost) in itertools.product(PITCHES, GRASP_HEIGHTS):
+        for pitch, height, variant_cost in GRASP_VARIANTS:
             pos, rot, descent, turn = grasp_pose(scene, slot, pitch, height)
             # The hand keeps its offset from the bowl while carrying, so the same grasp
             # decides the arm's reach over the plate too. Turning the wrist is slow
@@ -427,22 +455,31 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
             cost = (
                 reach_cost(scene, pos, rot[:, 2])
                 + reach_cost(scene, at_plate, rot[:, 2])
-                + pitch_cost
-                + height_cost
+                + variant_cost
                 + TURN_COST * turn
             )
             for k, opening in enumerate(OPENINGS):
                 tie = rng.random() * 1e-6  # seeded tie break between equal costs
                 candidates.append(Grasp(pos, rot, descent, opening, slot, pitch, height, cost + 0.01 * k + tie))
     candidates.sort(key=lambda g: g.cost)
+    best, best_cost = None, np.inf
     for g in candidates:
-        if descent_clear(scene, g):
-            return g
+        if g.cost >= best_cost:
+            break
+        finger_clear, palm_clear = descent_clearance(scene, g)
+        if finger_clear < FINGER_CLEARANCE or palm_clear < PALM_CLEARANCE_MIN:
+            continue
+        cost = g.cost + TIGHT_PALM_COST * max(0.0, PALM_CLEARANCE - palm_clear)
+        if cost < best_cost:
+            best, best_cost = g, cost
+    if best is not None:
+        return best
     # Nothing clear (never seen on the fixed initial states): the cheapest untried one.
     if candidates:
         return candidates[0]
-    pos, rot, descent, _ = grasp_pose(scene, 0, 0.0)
-    return Grasp(pos, rot, descent, OPENINGS[-1], 0, 0.0, GRASP_HEIGHTS[0][0], np.inf)
+    pitch, height, _ = GRASP_VARIANTS[0]
+    pos, rot, descent, _ = grasp_pose(scene, 0, pitch, height)
+    return Grasp(pos, rot, descent, OPENINGS[-1], 0, pitch, height, np.inf)
 
 
 # ------------------------------------------------------------------------------ carrying
@@ -456,7 +493,8 @@ def load_points(scene: Scene) -> list[np.ndarray]:
     for k in range(16):
         a = 2 * np.pi * k / 16
         pts.append(bowl_rot @ np.array([BOWL_RADIUS * np.cos(a), BOWL_RADIUS * np.sin(a), 0.0]))
-    pts += [p - bowl for p, _ in swept_points(eef, eef_rot, 0.005)]
+    fingers, palm = swept_points(eef, eef_rot, 0.005)
+    pts += [p - bowl for p in fingers + palm]
     return pts
 
 
