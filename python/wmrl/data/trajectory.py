@@ -275,7 +275,7 @@ def find_trajectory_files(inputs: str | os.PathLike | list | tuple) -> list[Path
         elif p.exists():
             files.append(p)
         else:
-            raise TrajectoryError(f"{p}: no such file or folder; give DATA=<a .hdf5 file or a folder of them>")
+            raise TrajectoryError(f"{p}: no such file or folder; give DATA=<a .hdf5 file or a folder of them> (make demos writes task_XX.hdf5)")
     return list(dict.fromkeys(files))
 
 
