@@ -38,6 +38,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_json(path: str | os.PathLike, error: type[Exception], missing: str) -> Any:
+    """Parse a JSON file, raising ``error`` with ``missing`` (what to do) if it is absent
+    and a clear message if it is damaged."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: {missing}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise error(f"{path}: not valid JSON ({e}); the file is damaged") from None
+
+
 def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from wmrl.fileio import sha256_file  # noqa: F401  (stdlib only; re-exported for the bundle modules)
+from wmrl.fileio import read_json, sha256_file  # stdlib only, as the installer must be
 from wmrl.offline import MANIFEST_NAME, WHEELS_DIR
 
 
@@ -50,12 +50,8 @@ def write_manifest(root: Path, info: dict) -> dict:
 
 def load_manifest(root: Path) -> dict:
     path = root / MANIFEST_NAME
-    if not path.is_file():
-        raise VerificationError(f"{path}: no {MANIFEST_NAME}; is {root} a bundle made by `offline_bundle.py build`?")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as e:
-        raise VerificationError(f"{path}: not valid JSON ({e})") from None
+    manifest = read_json(path, VerificationError,
+                         f"no {MANIFEST_NAME}; is {root} a bundle made by `offline_bundle.py build`?")
     if not isinstance(manifest.get("files"), dict) or not manifest["files"]:
         raise VerificationError(f"{path}: lists no files")
     return manifest

@@ -29,7 +29,7 @@ from typing import Any
 
 from wmrl import __version__
 from wmrl.config import ConfigError, PolicyConfig
-from wmrl.fileio import sha256_file, write_json
+from wmrl.fileio import read_json, sha256_file, write_json
 from wmrl.policy.language import CACHE_FILE, LanguageCache, LanguageError
 from wmrl.policy.normalize import NormStats, NormStatsError
 
@@ -180,12 +180,7 @@ class LoadedCheckpoint:
 
 def read_meta(path: Path) -> dict:
     f = path / CONFIG_FILE
-    if not f.exists():
-        raise CheckpointError(f"{path}: {CONFIG_FILE} missing; not a policy checkpoint (or an interrupted copy)")
-    try:
-        meta = json.loads(f.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e}); the checkpoint is damaged") from None
+    meta = read_json(f, CheckpointError, "missing; not a policy checkpoint (or an interrupted copy)")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{f}: not a {FORMAT} checkpoint")
     return meta

@@ -14,10 +14,8 @@ match the model is refused with the reason.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -115,13 +113,9 @@ class NormStats:
 
     @classmethod
     def load(cls, path: str | os.PathLike, **dims) -> "NormStats":
-        path = Path(path)
-        if not path.exists():
-            raise NormStatsError(f"{path}: missing")
-        try:
-            d = json.loads(path.read_text())
-        except ValueError as e:
-            raise NormStatsError(f"{path}: not valid JSON ({e})") from None
+        from wmrl.fileio import read_json
+
+        d = read_json(path, NormStatsError, "missing; a policy checkpoint keeps its statistics next to the weights")
         return cls.from_dict(d, where=str(path), **dims)
 
     # ------------------------------------------------------------------------------- torch
