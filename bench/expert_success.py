@@ -7,6 +7,12 @@ Each worker process (multiprocessing, spawn) builds one env per task it is given
 reuses it across that task's initial states; nothing is rendered (the expert reads the
 simulator state). Prints per-task success and steps (mean/max over successful episodes)
 and writes every episode's result plus the simulator versions to ``--out``.
+
+``--inits 0-4,17`` picks initial states explicitly; with ``--random-resets`` the numbers
+are seeds of random placements (``env.reset(seed=...)``, the training-data resets) instead.
+Runs repeat exactly on one machine (same initial states, same order); the simulation is
+chaotic at contacts, so numerically different machines or libraries can flip single
+episodes.
 """
 
 from __future__ import annotations
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes (this machine has 2 cores)")
     ap.add_argument("--seed", type=int, default=0, help="expert seed")
     ap.add_argument("--max-steps", type=int, default=240)
-    ap.add_argument("--chunks", type=int, default=0, help="split each task's inits into this many jobs (0: workers-aware default)")
+    ap.add_argument("--chunks", type=int, default=0,
+                    help="split each task's inits into this many jobs (0: enough to keep all workers busy)")
     ap.add_argument("--random-resets", action="store_true",
                     help="treat the init indices as seeds of random placements (training-mode resets)")
     ap.add_argument("--out", default=None, help="JSON file for per-episode results")
@@ -142,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             "failures": [r["init"] for r in rs if not r["success"]],
         }
         mean = f"{per_task[t]['steps_mean']:.1f}" if steps else "-"
-        print(f"{t:>4} {len(ok):>4}/{len(rs):<4} {len(ok) / max(1, len(rs)):>6.1%} {mean:>10} {max(steps) if steps else '-':>5}  {' '.join(fails)}")
+        worst = max(steps) if steps else "-"
+        rate = per_task[t]["rate"]
+        print(f"{t:>4} {len(ok):>4}/{len(rs):<4} {rate:>6.1%} {mean:>10} {worst:>5}  {' '.join(fails)}")
     ok_all = [r for r in results if r["success"]]
     steps_all = [r["steps"] for r in ok_all]
     overall = {

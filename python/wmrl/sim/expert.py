@@ -18,19 +18,19 @@ Grasp. The bowl (11 cm wide) is wider than the open gripper (8 cm), so the hand 
 rim wall from above: finger axis radial, one finger inside the bowl, one outside, the pads
 centred on one of the flat boxes that make up the wall (a pinch across a seam slips).
 Candidates are 12 directions around the rim x 5 variants (wrist lean of 15, 7.5 or 0 deg
-outward, pinch height) x 2 finger openings. Each is scored by how comfortable the arm is,
-at the bowl and later over the plate (the wrist's distance from the robot base: far
-reaches lock the elbow at joint 4's limit and make the hand sway, very close ones fold the
-arm), how far the wrist must turn, and the variant (the 15-deg lean lays the pads flat on
-the flared wall and holds best); joint 7's range decides which of the two symmetric
-finger-axis signs to use. Candidates are checked best first by casting rays
-(``mujoco.mj_ray``) along the paths that the fingers and the palm sweep on the way down:
-the drawer walls of task 4 stand higher than the rim, and the ramekin, cookie box, stove
-and the other bowl crowd the others. The hand follows the bowl's resting tilt (task 5's
-bowl leans ~16 deg on the ramekin).
+outward; pinch height) x 2 finger-axis signs x 2 finger openings. Each is scored by how
+comfortable the arm is, at the bowl and later over the plate (the wrist's distance from
+the robot base: far reaches lock the elbow at joint 4's limit and make the hand sway, very
+close ones fold the arm), how far the wrist must turn, and the variant (the 15-deg lean
+lays the pads flat on the flared wall and holds best); finger-axis signs that would take
+joint 7 near its limits are dropped. Candidates are checked best first by casting rays
+(``mujoco.mj_ray``) along the paths that the fingers, the palm and the wrist sweep on the
+way down: the drawer walls of task 4 stand higher than the rim, the wrist can catch on the
+cabinet, and the ramekin, cookie box, stove and the other bowl crowd the rest. The hand
+follows the bowl's resting tilt (task 5's bowl leans ~16 deg on the ramekin).
 
 Carry. The carry height makes every point of the load (the bowl's rim circle at its foot's
-height, the fingers, the palm) clear whatever lies under the straight path to the plate,
+height, the fingers, the palm, the wrist) clear whatever lies under the straight path to the plate,
 sampled every centimetre. The bowl (not the hand) is servoed over the plate centre and
 released ~3 cm above it.
 
@@ -54,6 +54,7 @@ All choices are deterministic; the seed only breaks exact ties between equal-cos
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,8 +96,12 @@ FINGER_HALF_DEPTH = 0.010
 HAND_BOTTOM = 0.031  # hand (palm) bottom above the grip site
 HAND_HALF_LENGTH = 0.102  # along the finger axis
 HAND_HALF_DEPTH = 0.032
-# Free distance required beyond the pinch along the descent, for points on the finger
-# bottoms and on the palm bottom. The hand tracks its target to ~5 mm and ~2 deg, which moves
+WRIST_BOTTOM = 0.152  # link 6's bottom above the grip site
+WRIST_RADIUS = 0.05  # link 6 around joint 7's axis (the hand axis) ...
+WRIST_REACH = 0.136  # ... and its lobe toward joint 6
+WRIST_LOBE_ANGLE, WRIST_LOBE_Q7 = -1.841, 0.79  # lobe direction in the grip-site frame at this q7
+# Free distance required beyond the pinch along the descent, for points on the fingers and
+# on the palm and wrist bottoms. The hand tracks its target to ~5 mm and ~2 deg, which moves
 # the ends of the 20 cm palm by more; a palm clearance under the comfortable one is allowed
 # but costs (m of cost per m short).
 FINGER_CLEARANCE = 0.008
@@ -321,6 +326,7 @@ class Grasp:
     slot: int  # index of the rim direction (0 .. GRASP_DIRECTIONS-1)
     pitch: float  # lean of the wrist away from the bowl's centre (rad)
     height: float  # of the pinch above the bowl's foot (m)
+    q7: float  # predicted joint 7 angle at the pinch (rad)
     cost: float
 
     @property
@@ -337,32 +343,29 @@ def wrap(angle: float) -> float:
     return float(-((-angle + np.pi) % (2 * np.pi) - np.pi))
 
 
-def orient_fingers(scene: Scene, pos: np.ndarray, finger: np.ndarray) -> tuple[np.ndarray, float]:
-    """Pick the sign of the (symmetric) finger axis for a pinch at ``pos``, and return the
-    wrist turn (rad) it needs.
+def finger_signs(scene: Scene, pos: np.ndarray, finger: np.ndarray) -> list[tuple[np.ndarray, float, float]]:
+    """Both signs of the (symmetric) finger axis for a pinch at ``pos``, each with the wrist
+    turn (rad) it needs and the predicted joint 7 angle; signs that would take joint 7
+    (range +-2.9 rad) past ``Q7_SAFE`` are dropped unless both do.
 
-    The sign closer to the hand's current finger axis turns the wrist less, unless joint 7
-    (range +-2.9 rad) would end up near a limit. Joint 7 takes up the hand's yaw change
-    minus the part that the arm's swing about its base provides: the hand keeps its yaw
-    relative to the base-to-hand direction unless joint 7 turns (q7 falls as that relative
-    yaw grows)."""
+    Joint 7 takes up the hand's yaw change minus the part that the arm's swing about its
+    base provides: the hand keeps its yaw relative to the base-to-hand direction unless
+    joint 7 turns (q7 falls as that relative yaw grows). Good to ~0.3 rad."""
     eef, eef_rot = scene.eef()
     swing = wrap(yaw(pos[:2] - scene.robot_base_xy) - yaw(eef[:2] - scene.robot_base_xy))
-    best = None
+    options = []
     for x in (finger, -finger):
         turn = wrap(yaw(x) - yaw(eef_rot[:, 0]))
-        q7_after = scene.wrist_joint() - (turn - swing)
-        score = abs(turn) + (10.0 if abs(q7_after) > Q7_SAFE else 0.0) + 0.1 * abs(q7_after)
-        if best is None or score < best[0]:
-            best = (score, x, abs(turn))
-    return best[1], best[2]
+        options.append((x, abs(turn), scene.wrist_joint() - (turn - swing)))
+    safe = [o for o in options if abs(o[2]) <= Q7_SAFE]
+    return safe or [min(options, key=lambda o: abs(o[2]))]
 
 
-def grasp_pose(
+def grasp_poses(
     scene: Scene, slot: int, pitch: float, height: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Pinch pose on the rim in world direction ``slot`` around the bowl's axis, ``height``
-    above the bowl's foot.
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float, float]]:
+    """Pinch poses on the rim in world direction ``slot`` around the bowl's axis, ``height``
+    above the bowl's foot: one per usable finger-axis sign.
 
     The hand follows the bowl's tilt (task 5's bowl rests ~16 deg tilted on the ramekin):
     with ``pitch`` 0 the hand axis is the bowl's axis and the finger axis is radial. ``pitch``
@@ -371,7 +374,7 @@ def grasp_pose(
     far bowl the wrist comes ~6 cm closer to the robot. Whatever the lean, the hand descends
     along the bowl's axis, so the inner finger drops straight into the bowl.
 
-    Returns the grip-site position, orientation, descent direction and the wrist turn."""
+    Each pose is (grip-site position, orientation, descent direction, wrist turn, joint 7)."""
     origin, rot = scene.body(scene.bowl)
     axis = rot[:, 2]
     direction = 2 * np.pi * slot / GRASP_DIRECTIONS
@@ -381,32 +384,51 @@ def grasp_pose(
     pos = origin + axis * height + radial * scene.rim_radius(height)
     c, s = np.cos(pitch), np.sin(pitch)
     approach = -c * axis - s * radial
-    x, turn = orient_fingers(scene, pos, c * radial - s * axis)
-    y = np.cross(approach, x)
-    return pos, np.column_stack([x, y, approach]), -axis, turn
+    poses = []
+    for x, turn, q7 in finger_signs(scene, pos, c * radial - s * axis):
+        y = np.cross(approach, x)
+        poses.append((pos, np.column_stack([x, y, approach]), -axis, turn, q7))
+    return poses
 
 
-def swept_points(pos: np.ndarray, rot: np.ndarray, opening: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Points on the fingers' bottoms and on the palm's bottom with the grip site at
-    ``pos``, ``rot`` and the pads ``opening`` apart from the site."""
+def swept_points(
+    pos: np.ndarray, rot: np.ndarray, opening: float, q7: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Points on the bottom of the hand with the grip site at ``pos``, ``rot``, the pads
+    ``opening`` from the site and joint 7 at ``q7``: (finger points, palm and wrist points).
+
+    The fingers are sampled at their tips and halfway up (a leaning finger's upper part
+    reaches further out than its tip). The wrist (link 6, ~15 cm above the grip site) sits
+    on joint 7's axis with a lobe reaching 13.6 cm sideways toward joint 6; joint 7 turns the
+    lobe about the hand axis, so it is sampled over +-50 deg around its predicted direction
+    (the prediction of joint 7 is good to ~0.5 rad)."""
     fingers = [
-        pos + rot @ np.array([side * (opening + dx), dy, FINGER_TIP])
+        pos + rot @ np.array([side * (opening + dx), dy, dz])
         for side in (-1.0, 1.0)
         for dx in (0.0, FINGER_WIDTH / 2, FINGER_WIDTH)
         for dy in (-FINGER_HALF_DEPTH, 0.0, FINGER_HALF_DEPTH)
+        for dz in (FINGER_TIP, (FINGER_TIP - HAND_BOTTOM) / 2)
     ]
-    palm = [
+    hand = [
         pos + rot @ np.array([dx, dy, -HAND_BOTTOM])
         for dx in np.linspace(-HAND_HALF_LENGTH, HAND_HALF_LENGTH, 7)
         for dy in (-HAND_HALF_DEPTH, 0.0, HAND_HALF_DEPTH)
     ]
-    return fingers, palm
+    lobe = WRIST_LOBE_ANGLE - (q7 - WRIST_LOBE_Q7)
+    hand += [pos + rot @ np.array([0.0, 0.0, -WRIST_BOTTOM])]
+    hand += [
+        pos + rot @ np.array([r * np.cos(a), r * np.sin(a), -WRIST_BOTTOM])
+        for a in lobe + np.array([-0.9, -0.45, 0.0, 0.45, 0.9, np.pi / 2 + 0.9, np.pi, -np.pi / 2 - 0.9])
+        for r in ((WRIST_RADIUS, WRIST_REACH / 2, WRIST_REACH) if abs(wrap(a - lobe)) < 1.0 else (WRIST_RADIUS,))
+    ]
+    return fingers, hand
 
 
 def descent_clearance(scene: Scene, grasp: Grasp) -> tuple[float, float]:
     """Free distance beyond the pinch (capped at ``PALM_CLEARANCE``) along the descent, for
-    the fingers and for the palm: rays from the pregrasp pose of each swept point down to
-    its pinch pose and on. The bowl itself counts: a finger landing on the rim is blocked."""
+    the fingers and for the palm and wrist: rays from the pregrasp pose of each swept point
+    down to its pinch pose and on. The bowl itself counts: a finger landing on the rim is
+    blocked."""
 
     def clearance(points: list[np.ndarray]) -> float:
         worst = PALM_CLEARANCE
@@ -418,8 +440,8 @@ def descent_clearance(scene: Scene, grasp: Grasp) -> tuple[float, float]:
                     break
         return worst
 
-    fingers, palm = swept_points(grasp.pos, grasp.rot, grasp.opening)
-    return clearance(fingers), clearance(palm)
+    fingers, hand = swept_points(grasp.pos, grasp.rot, grasp.opening, grasp.q7)
+    return clearance(fingers), clearance(hand)
 
 
 def reach_cost(scene: Scene, pos: np.ndarray, hand_axis: np.ndarray) -> float:
@@ -437,17 +459,16 @@ def reach_cost(scene: Scene, pos: np.ndarray, hand_axis: np.ndarray) -> float:
 
 def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp:
     """The cheapest pinch whose descent is clear. Candidates are all rim directions (except
-    those already tried) x pinch variants x openings. Costs are cheap, ray casts are not, so
+    those already tried) x pinch variants x finger-axis signs x openings. Costs are cheap, ray casts are not, so
     candidates are checked best first; a tight palm clearance adds to a candidate's cost,
     so the search goes on until no unchecked candidate can beat the best one found."""
     bowl, _ = scene.body(scene.bowl)
     plate, _ = scene.body(scene.plate)
     candidates = []
-    for slot in range(GRASP_DIRECTIONS):
+    for slot, (pitch, height, variant_cost) in itertools.product(range(GRASP_DIRECTIONS), GRASP_VARIANTS):
         if slot in tried:
             continue
-        for pitch, height, variant_cost in GRASP_VARIANTS:
-            pos, rot, descent, turn = grasp_pose(scene, slot, pitch, height)
+        for pos, rot, descent, turn, q7 in grasp_poses(scene, slot, pitch, height):
             # The hand keeps its offset from the bowl while carrying, so the same grasp
             # decides the arm's reach over the plate too. Turning the wrist is slow
             # (~4 deg/step), which matters when retrying from the other side.
@@ -460,7 +481,7 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
             )
             for k, opening in enumerate(OPENINGS):
                 tie = rng.random() * 1e-6  # seeded tie break between equal costs
-                candidates.append(Grasp(pos, rot, descent, opening, slot, pitch, height, cost + 0.01 * k + tie))
+                candidates.append(Grasp(pos, rot, descent, opening, slot, pitch, height, q7, cost + 0.01 * k + tie))
     candidates.sort(key=lambda g: g.cost)
     best, best_cost = None, np.inf
     for g in candidates:
@@ -478,8 +499,8 @@ def plan_grasp(scene: Scene, tried: set[int], rng: np.random.Generator) -> Grasp
     if candidates:
         return candidates[0]
     pitch, height, _ = GRASP_VARIANTS[0]
-    pos, rot, descent, _ = grasp_pose(scene, 0, pitch, height)
-    return Grasp(pos, rot, descent, OPENINGS[-1], 0, pitch, height, np.inf)
+    pos, rot, descent, _, q7 = grasp_poses(scene, 0, pitch, height)[0]
+    return Grasp(pos, rot, descent, OPENINGS[-1], 0, pitch, height, q7, np.inf)
 
 
 # ------------------------------------------------------------------------------ carrying
@@ -493,8 +514,8 @@ def load_points(scene: Scene) -> list[np.ndarray]:
     for k in range(16):
         a = 2 * np.pi * k / 16
         pts.append(bowl_rot @ np.array([BOWL_RADIUS * np.cos(a), BOWL_RADIUS * np.sin(a), 0.0]))
-    fingers, palm = swept_points(eef, eef_rot, 0.005)
-    pts += [p - bowl for p in fingers + palm]
+    fingers, hand = swept_points(eef, eef_rot, 0.005, scene.wrist_joint())
+    pts += [p - bowl for p in fingers + hand]
     return pts
 
 
