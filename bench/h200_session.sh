@@ -2,11 +2,14 @@
 # The GPU measurements of bench/RESULTS.md, as run on the lent H200 machine (Python 3.12,
 # torch present, no package index). Carried: the working tree, .offline/py312 (made by
 # `make offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312`) and .gl (EGL loader debs).
-#   bash bench/h200_session.sh sim      # bundle install, throughput, expert 10x50, demos, start SFT
-#   bash bench/h200_session.sh policy   # wait for SFT, evaluate the policy 10x50
-# Results are copied to $OUT (the device tool brings that folder back).
+#   bash bench/h200_session.sh sim      # bundle install, throughput, expert 10x50, demos; starts SFT
+#   bash bench/h200_session.sh policy   # waits for SFT, evaluates the policy 10x50 (its sampler)
+#   bash bench/h200_session.sh ode      # the same checkpoint with the deterministic ODE sampler
+# The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
+# device tool brings that folder back), episode logs every 10 s, so a cut-off call still
+# returns what it finished.
 set -euo pipefail
-phase="${1:?sim|policy}"
+phase="${1:?sim|policy|ode}"
 OUT="${OUT:-runs/h200/out}"
 RUN=runs/h200
 mkdir -p "$OUT" "$RUN"
@@ -16,23 +19,44 @@ export MUJOCO_GL=egl PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 export PYTHONPATH=/tmp/sim:$PWD/python
 W=$(nproc)
 t() { local s=$EPOCHREALTIME; "$@"; echo "[time] $(python3 -c "print(round($EPOCHREALTIME - $s, 1))") s: $*" | tee -a "$OUT/times.txt"; }
+# Copy a growing file to $OUT every 10 s while the rest of the phase runs.
+MIRRORS=()
+mirror() { ( while true; do [ -f "$1" ] && cp "$1" "$OUT/$2"; sleep 10; done ) & MIRRORS+=($!); }
+newest() { python3 -c "import json; print(json.load(open('$RUN/latest_policy.json'))['step'])"; }
 
-if [ "$phase" = sim ]; then
-  nvidia-smi -L | tee "$OUT/machine.txt"; nproc >> "$OUT/machine.txt"
-  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json" || true
-  # SFT on the GPU in the background (its own session, so it outlives this command).
-  setsid nohup python3 python/sft.py --run "$RUN" --data "$RUN/demos" --steps "${SFT_STEPS:-4000}" \
-      --no-progress --no-tensorboard > "$RUN/sft.log" 2>&1 < /dev/null &
+case "$phase" in
+sim)
+  { nvidia-smi -L; echo "cores: $W"; python3 -c "import mujoco, robosuite, torch; print('mujoco', mujoco.__version__, 'robosuite', robosuite.__version__, 'torch', torch.__version__)"; } | tee "$OUT/machine.txt"
+  # Throughput and the expert first, on an otherwise idle host; SFT starts after the demos.
   t python3 bench/sim_throughput.py --workers "$W" --sizes 128,256 --steps 480 --json "$OUT/throughput.json"
   t python3 python/evaluate.py --policy expert --workers "$W" --out "$RUN/eval_expert" --no-progress | tee "$OUT/eval_expert.txt"
   cp "$RUN/eval_expert/results.json" "$OUT/eval_expert.json"
-  tail -5 "$RUN/sft.log" || true
-else
-  while pgrep -f python/sft.py >/dev/null; do sleep 5; done
+  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json"
+  # SFT in its own session, so it outlives this command (the next phase waits for it).
+  setsid nohup python3 python/sft.py --run "$RUN" --data "$RUN/demos" --steps "${SFT_STEPS:-4000}" \
+      --no-progress --no-tensorboard > "$RUN/sft.log" 2>&1 < /dev/null &
+  sleep 20; tail -3 "$RUN/sft.log" || true
+  ;;
+policy)
+  mirror "$RUN/logs/sft.jsonl" sft.jsonl
+  while pgrep -f python/sft.py >/dev/null; do sleep 3; done
   tail -20 "$RUN/sft.log" | tee "$OUT/sft_tail.txt"
-  cp "$RUN/logs/sft.jsonl" "$OUT/" || true
-  step=$(python3 -c "import json; print(json.load(open('$RUN/latest_policy.json'))['step'])" 2>/dev/null || ls "$RUN/weights/policy" | sed 's/global_step_//' | sort -n | tail -1)
+  cp "$RUN/logs/sft.jsonl" "$OUT/"
+  step=$(newest)
+  mirror "$RUN/eval/global_step_$step/episodes.jsonl" episodes_policy.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
       ${EVAL_ARGS:-} | tee "$OUT/eval_policy.txt"
-  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$OUT/eval_policy.json" || true
-fi
+  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$OUT/eval_policy.json"
+  cp "$RUN/latest_policy.json" "$OUT/"
+  ;;
+ode)
+  step=$(newest)
+  mirror "$RUN/eval_ode/episodes.jsonl" episodes_ode.jsonl
+  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$RUN/evidence/evaluations/global_step_${step}_sde.json"
+  t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
+      --sampler ode --out "$RUN/eval_ode" --overwrite ${EVAL_ARGS:-} | tee "$OUT/eval_ode.txt"
+  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$OUT/eval_ode.json"
+  ;;
+*) echo "unknown phase $phase: sim, policy or ode" >&2; exit 2 ;;
+esac
+[ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null || true  # never the SFT
