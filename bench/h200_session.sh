@@ -3,13 +3,14 @@
 # torch present, no package index). Carried: the working tree, .offline/py312 (made by
 # `make offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312`) and .gl (EGL loader debs).
 #   bash bench/h200_session.sh sim      # bundle install, throughput, expert 10x50, demos; starts SFT
-#   bash bench/h200_session.sh policy   # waits for SFT, evaluates the policy 10x50 (its sampler)
-#   bash bench/h200_session.sh ode      # the same checkpoint with the deterministic ODE sampler
+#   bash bench/h200_session.sh policy   # waits for SFT, evaluates the policy 10x50 (ODE sampler),
+#                                       # then with the flow-SDE at T=1.6 (the original's evaluation)
+#   bash bench/h200_session.sh learn    # only demos and SFT (a fresh machine)
 # The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
 # device tool brings that folder back), episode logs every 10 s, so a cut-off call still
 # returns what it finished.
 set -euo pipefail
-phase="${1:?sim|policy|ode}"
+phase="${1:?sim|learn|policy}"
 OUT="${OUT:-runs/h200/out}"
 RUN=runs/h200
 mkdir -p "$OUT" "$RUN"
@@ -25,12 +26,14 @@ mirror() { ( while true; do [ -f "$1" ] && cp "$1" "$OUT/$2"; sleep 10; done ) &
 newest() { python3 -c "import json; print(json.load(open('$RUN/latest_policy.json'))['step'])"; }
 
 case "$phase" in
-sim)
+sim|learn)
   { nvidia-smi -L; echo "cores: $W"; python3 -c "import mujoco, robosuite, torch; print('mujoco', mujoco.__version__, 'robosuite', robosuite.__version__, 'torch', torch.__version__)"; } | tee "$OUT/machine.txt"
   # Throughput and the expert first, on an otherwise idle host; SFT starts after the demos.
-  t python3 bench/sim_throughput.py --workers "$W" --sizes 128,256 --steps 480 --json "$OUT/throughput.json"
-  t python3 python/evaluate.py --policy expert --workers "$W" --out "$RUN/eval_expert" --no-progress | tee "$OUT/eval_expert.txt"
-  cp "$RUN/eval_expert/results.json" "$OUT/eval_expert.json"
+  [ "$phase" = learn ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128,256 --steps 480 --json "$OUT/throughput.json"
+  if [ "$phase" = sim ]; then
+    t python3 python/evaluate.py --policy expert --workers "$W" --out "$RUN/eval_expert" --no-progress | tee "$OUT/eval_expert.txt"
+    cp "$RUN/eval_expert/results.json" "$OUT/eval_expert.json"
+  fi
   t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json"
   # SFT in its own session, so it outlives this command (the next phase waits for it).
   setsid nohup python3 python/sft.py --run "$RUN" --data "$RUN/demos" --steps "${SFT_STEPS:-4000}" \
@@ -43,20 +46,16 @@ policy)
   tail -20 "$RUN/sft.log" | tee "$OUT/sft_tail.txt"
   cp "$RUN/logs/sft.jsonl" "$OUT/"
   step=$(newest)
-  mirror "$RUN/eval/global_step_$step/episodes.jsonl" episodes_policy.jsonl
-  t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
-      ${EVAL_ARGS:-} | tee "$OUT/eval_policy.txt"
-  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$OUT/eval_policy.json"
-  cp "$RUN/latest_policy.json" "$OUT/"
-  ;;
-ode)
-  step=$(newest)
+  ev=$RUN/evidence/evaluations/global_step_$step.json
   mirror "$RUN/eval_ode/episodes.jsonl" episodes_ode.jsonl
-  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$RUN/evidence/evaluations/global_step_${step}_sde.json"
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
-      --sampler ode --out "$RUN/eval_ode" --overwrite ${EVAL_ARGS:-} | tee "$OUT/eval_ode.txt"
-  cp "$RUN/evidence/evaluations/global_step_${step}.json" "$OUT/eval_ode.json"
+      --sampler ode --out "$RUN/eval_ode" | tee "$OUT/eval_ode.txt"
+  cp "$ev" "$OUT/eval_ode.json"
+  mirror "$RUN/eval_sde/episodes.jsonl" episodes_sde.jsonl
+  t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
+      --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite | tee "$OUT/eval_sde.txt"
+  cp "$ev" "$OUT/eval_sde.json"
   ;;
-*) echo "unknown phase $phase: sim, policy or ode" >&2; exit 2 ;;
+*) echo "unknown phase $phase: sim, learn or policy" >&2; exit 2 ;;
 esac
 [ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null || true  # never the SFT

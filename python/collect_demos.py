@@ -20,11 +20,13 @@ from wmrl.config import Profile, get_profile, override, parse_tasks
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, help="successful demonstrations per task (default 50)")
+    p.add_argument("--frame-interval", type=int,
+                   help="record the cameras every N steps (1: every step; 0: chunk boundaries only; default: profile's)")
     cli.add_common(p)
     args = p.parse_args(argv)
     prof = get_profile(args.profile)
     demos = override(prof.demos, tasks=parse_tasks(args.tasks), episodes=args.episodes, workers=args.workers,
-                     seed=args.seed)
+                     seed=args.seed, frame_interval=args.frame_interval)
     return args, Profile(prof.name, cli.sim_config(args, prof.sim), prof.eval, demos)
 
 
@@ -35,6 +37,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
     if args.dry_run:
         cli.print_plan("collect demonstrations", {
             "tasks": prof.demos.tasks, "episodes_per_task": prof.demos.episodes, "reset": "seeded random placement (mode=train)",
+            "frame_interval": prof.demos.frame_interval,
             "files": [str(task_file(out, t)) for t in prof.demos.tasks], "sim": prof.sim})
         return 0
     summary = collect_demos(prof.demos, prof.sim, out, overwrite=args.overwrite, progress=not args.no_progress)

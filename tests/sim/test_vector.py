@@ -10,9 +10,10 @@ CFG = SimConfig(image_size=64, max_steps=24)
 SPECS = [EpisodeSpec(0, init_index=0, seed=11, tag=0), EpisodeSpec(0, seed=7, tag=1), EpisodeSpec(1, init_index=3, seed=5, tag=2)]
 
 
-def _run(workers, policy=None, step_policy="random"):
-    with SimulatorPool(CFG, workers, step_policy=None if policy else step_policy, record=True) as pool:
-        return sorted(pool.run(FixedEpisodes(SPECS), policy), key=lambda r: r.spec.tag)
+def _run(workers, policy=None, step_policy="random", specs=SPECS, **kw):
+    with SimulatorPool(CFG, workers, step_policy=None if policy else step_policy, record=True, **kw) as pool:
+        pool.batch_window_s = 2.0  # slow CPU workers: let every ready observation join one batch
+        return sorted(pool.run(FixedEpisodes(specs), policy), key=lambda r: r.spec.tag)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,17 @@ def test_recorded_episodes_follow_the_schema(one_worker, tmp_path):
         w.append(r.trajectory)
     report = validate_file(w.finalize())
     assert report.ok, report.problems
+
+
+def test_frames_between_chunk_boundaries_leave_the_episode_unchanged(one_worker):
+    dense = _run(1, specs=SPECS[:1], frame_interval=2)[0].trajectory
+    sparse = one_worker[0].trajectory
+    assert list(dense.frame_step) == list(range(0, 25, 2)) and dense.actions.shape == (24, 7)
+    np.testing.assert_array_equal(dense.actions, sparse.actions)
+    at_boundaries = [list(dense.frame_step).index(s) for s in sparse.frame_step]
+    np.testing.assert_array_equal(dense.main[at_boundaries], sparse.main)
+    np.testing.assert_array_equal(dense.states[at_boundaries], sparse.states)
+    assert not np.array_equal(dense.main[1], dense.main[0])  # the extra frames are real renders
 
 
 class ConstantPolicy:

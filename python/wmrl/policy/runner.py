@@ -1,7 +1,6 @@
 """``PolicyRunner``: a policy checkpoint as a chunk policy for the evaluation harness.
 
-The harness's simulator workers step in lockstep and hand the parent a list of
-observations; ``act`` runs one batched forward pass (GPU if available) and returns a
+The harness's simulator workers hand the parent the observations that are ready; ``act`` runs one batched forward pass (GPU if available) and returns a
 (B, 8, 7) chunk of actions in the controller's range [-1, 1].
 
 Sampler (recorded with every result through ``settings()``):
@@ -49,6 +48,11 @@ class PolicyRunner:
         self.cfg = override(loaded.cfg, eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
                             denoise_steps=denoise_steps)
         self.device = pick_device(device)
+        if self.device.type == "cuda":
+            import torch
+
+            # The simulator workers own the CPU cores; the parent's CPU work here is tiny.
+            torch.set_num_threads(1)
         self.model = loaded.build_model(self.device).eval()
         self.norm = loaded.norm.tensors(self.device)
         self.lang = loaded.lang

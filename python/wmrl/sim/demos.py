@@ -120,7 +120,8 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
         workers = min(cfg.workers or default_workers(), todo)
         bar = tqdm(total=todo, desc="demos", unit="demo", disable=not progress)
         try:
-            with SimulatorPool(sim, workers, step_policy="expert", record=True) as pool:
+            with SimulatorPool(sim, workers, step_policy="expert", record=True,
+                               frame_interval=cfg.frame_interval) as pool:
                 for result in pool.run(source):
                     if result.success:
                         bar.update(1)

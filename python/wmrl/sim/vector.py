@@ -11,7 +11,7 @@ Two ways to drive the episodes:
 * a **step policy** by name (``"expert"``, ``"random"``) runs inside each worker and acts
   every physics step; the worker runs whole episodes on its own, no round trips.
 * a **chunk policy** object (``act(list[Observation]) -> (B, chunk, 7)``) runs in the parent:
-  all workers step in lockstep so one batched forward pass serves them all.
+  one batched forward pass serves every worker whose observation is ready.
 
 Results arrive as ``EpisodeResult``s in completion order (sort by ``spec`` if order
 matters); each carries the full ``Trajectory`` when ``record=True``. Episodes are a pure
@@ -93,8 +93,12 @@ class WorkerError(RuntimeError):
 class _Worker:
     """Lives in the child process: one env, an optional step policy, an optional recorder."""
 
-    def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool):
+    def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
+                 frame_interval: int = 0):
         self.index, self.cfg, self.step_policy_name, self.policy_id, self.record = index, cfg, step_policy, policy_id, record
+        # Recorded frames between chunk boundaries: every `frame_interval` steps (0: none).
+        # Policies only ever see chunk-boundary frames; the extra ones are training data.
+        self.frame_interval = frame_interval if record else 0
         self.env = None
         self.policy = None
 
@@ -137,6 +141,8 @@ class _Worker:
                 a = actions[k]
             else:
                 break
+            if k and self.frame_interval and env.steps % self.frame_interval == 0:
+                self._add_frame(env.observe(), goal_holds=goal)
             a = np.clip(np.asarray(a, dtype=np.float32).reshape(7), -1.0, 1.0)
             goal = env.step(a)
             if self.recorder is not None:
@@ -172,12 +178,13 @@ class _Worker:
         return self.result()
 
 
-def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool) -> None:
+def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
+                 frame_interval: int) -> None:
     from wmrl.sim.render import configure_renderer
 
     try:
         configure_renderer(cfg.renderer)
-        worker = _Worker(index, cfg, step_policy, policy_id, record)
+        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval)
         while True:
             cmd, arg = conn.recv()
             if cmd == "run":
@@ -206,7 +213,7 @@ class SimulatorPool:
     """``with SimulatorPool(cfg, workers=2, step_policy="expert") as pool: pool.run(source)``"""
 
     def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
-                 policy_id: str = "external", record: bool = False):
+                 policy_id: str = "external", record: bool = False, frame_interval: int = 0):
         from wmrl.sim.render import configure_renderer
 
         configure_renderer(cfg.renderer)  # fails here, with the fix, if the GL library is missing
@@ -216,12 +223,14 @@ class SimulatorPool:
         self._conns, self._procs = [], []
         for i in range(max(1, workers)):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record), daemon=True)
+            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record, frame_interval),
+                            daemon=True)
             p.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(p)
         self._task_of: dict[int, int | None] = {i: None for i in range(len(self._conns))}
+        self.batch_window_s = 0.01  # how long a ready observation waits for others to batch with
 
     @property
     def num_workers(self) -> int:
@@ -268,7 +277,7 @@ class SimulatorPool:
                 raise ValueError("give a chunk policy, or create the pool with step_policy='expert'|'random'")
             yield from self._run_in_workers(source)
         else:
-            yield from self._run_lockstep(source, policy)
+            yield from self._run_batched(source, policy)
 
     def _run_in_workers(self, source: EpisodeSource) -> Iterator[EpisodeResult]:
         busy = {w for w in range(self.num_workers) if self._assign(w, source, "run") is not None}
@@ -281,25 +290,44 @@ class SimulatorPool:
                 if self._assign(w, source, "run") is None:
                     busy.discard(w)
 
-    def _run_lockstep(self, source: EpisodeSource, policy) -> Iterator[EpisodeResult]:
-        obs = {}
-        for w in range(self.num_workers):
-            if self._assign(w, source, "reset") is not None:
-                obs[w] = self._recv(w)[1]
-        while obs:
-            ws = sorted(obs)
-            actions = np.asarray(policy.act([obs[w] for w in ws]), dtype=np.float32)
+    def _run_batched(self, source: EpisodeSource, policy) -> Iterator[EpisodeResult]:
+        """Batched chunk policy: one forward pass for every worker whose observation is ready.
+
+        Not a strict lockstep: a worker that builds an env for a new task (~10 s) or runs a
+        slow chunk must not hold up the others, so the parent acts on whoever is ready,
+        after waiting ``batch_window_s`` for stragglers to join the batch. While one batch's
+        workers step the physics, the next batch's forward pass runs.
+        """
+        busy = {w for w in range(self.num_workers) if self._assign(w, source, "reset") is not None}
+        ready_obs: dict[int, object] = {}
+        while busy or ready_obs:
+            conns = {self._conns[w]: w for w in busy}
+            if conns and not ready_obs:
+                wait(list(conns))  # block for the first one
+            if conns:
+                deadline = time.perf_counter() + self.batch_window_s
+                while True:  # gather everyone ready now or within the window
+                    for c in wait(list(conns), timeout=0):
+                        w = conns.pop(c)
+                        busy.discard(w)
+                        kind, payload = self._recv(w)
+                        if kind == "obs":
+                            ready_obs[w] = payload
+                            continue
+                        source.on_result(payload)
+                        yield payload
+                        if self._assign(w, source, "reset") is not None:
+                            busy.add(w)  # its first observation comes with a later batch
+                    left = deadline - time.perf_counter()
+                    if not conns or left <= 0 or not wait(list(conns), timeout=left):
+                        break
+            if not ready_obs:
+                continue
+            ws = sorted(ready_obs)
+            actions = np.asarray(policy.act([ready_obs[w] for w in ws]), dtype=np.float32)
             if actions.ndim != 3 or actions.shape[0] != len(ws) or actions.shape[2] != 7:
                 raise ValueError(f"policy returned actions of shape {actions.shape}; expected ({len(ws)}, chunk, 7)")
             for i, w in enumerate(ws):
                 self._conns[w].send(("step", actions[i]))
-            for w in ws:
-                kind, payload = self._recv(w)
-                if kind == "obs":
-                    obs[w] = payload
-                    continue
-                del obs[w]
-                source.on_result(payload)
-                yield payload
-                if self._assign(w, source, "reset") is not None:
-                    obs[w] = self._recv(w)[1]
+                busy.add(w)
+            ready_obs.clear()
