@@ -104,3 +104,42 @@ offline-install:
 	@test -n "$(BUNDLE)$(filter 1 yes true,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
 	$(or $(PYTHON),python3) python/offline_bundle.py install $(call opt,--bundle,$(BUNDLE)) $(call opt,--target,$(TARGET)) \
 		$(if $(filter 1 yes true,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))
+
+# ---- Bimanual world-model recipe (Stage 0 bidirectional, Stage 1 teacher forcing) ----------
+# Runs in .venv/wm. The bundle lives in RUN/bimanual/bundle unless OUT/DATA say otherwise.
+#   make bimanual-bundle [PROFILE=tiny] [OUT=dir] [DATA=libero.hdf5|folder] [EPISODES=n] [SEED=s] [OVERWRITE=1] [DRY_RUN=1]
+#   make bimanual-validate [DATA=bundle] [OUT=preview dir]     JSON, exits 1 unless passed
+#   make bimanual-materialize [DATA=bundle] [OUT=preview dir]  one packed Stage 0 batch, JSON
+#   make bimanual-train STAGE=0|1 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml]
+#                       [SMOKE=1: 12 iterations, save at 12, own run name] [OVERRIDES="trainer.lr=1e-4"] [DRY_RUN=1]
+#       Checkpoints: RUN/bimanual/<job.name>/checkpoints/iter_*. Rerun the same command to resume.
+#   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root> [PARENT=...]   held-out next-chunk PSNR
+STAGE          ?= 0
+BIMANUAL_DATA   = $(or $(DATA),$(RUN)/bimanual/bundle)
+BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/bimanual/stage$(STAGE)_*.toml)))
+BIMANUAL_ENV    = BIMANUAL_BUNDLE=$(BIMANUAL_DATA) BIMANUAL_OUTPUT_ROOT=$(RUN)/bimanual
+BIMANUAL_OVR    = $(call opt,checkpoint.load_path=,$(PARENT)) $(OVERRIDES) \
+                  $(if $(filter 1 yes true,$(SMOKE)),trainer.max_iter=12 checkpoint.save_iter=12 job.name=bimanual_stage$(STAGE)_smoke)
+
+.PHONY: bimanual-bundle bimanual-validate bimanual-materialize bimanual-train bimanual-eval
+
+bimanual-bundle: setup
+	$(WM_PY) python/bimanual.py bundle --profile $(PROFILE) --out $(or $(OUT),$(RUN)/bimanual/bundle) $(call opt,--data,$(DATA)) \
+		$(call opt,--episodes,$(EPISODES)) $(call opt,--seed,$(SEED)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
+		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+
+bimanual-validate: setup
+	$(WM_PY) python/bimanual.py validate $(BIMANUAL_DATA) $(call opt,--out,$(OUT))
+
+bimanual-materialize: setup
+	$(WM_PY) python/bimanual.py materialize $(BIMANUAL_DATA) $(call opt,--out,$(OUT))
+
+bimanual-train: setup
+	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/bimanual/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
+	$(BIMANUAL_ENV) $(WM_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
+		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
+
+bimanual-eval: setup
+	@test -n "$(CKPT_ROOT)" || { echo "error: give CKPT_ROOT=<an iteration root, e.g. RUN/bimanual/bimanual_stage1/checkpoints/iter_000008000>"; exit 2; }
+	$(BIMANUAL_ENV) $(WM_PY) python/bimanual.py evaluate --config $(BIMANUAL_CONFIG) --profile $(PROFILE) --checkpoint $(CKPT_ROOT) \
+		$(call opt,--out,$(OUT)) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))

@@ -1,0 +1,298 @@
+"""Typed configuration for the bimanual recipe: the bundle build and one TOML per stage.
+
+Stage configs live in ``data/bimanual/stage{0..3}_*.toml``. A TOML has the sections of
+``StageConfig`` (``job``, ``data``, ``model``, ``trainer``, ``checkpoint``, ``ema``,
+``parallelism``) and an optional ``[tiny]`` table of overrides for CPU runs
+(``--profile tiny``). String values may name environment variables as ``${VAR}`` or
+``${VAR:-default}`` (``BIMANUAL_BUNDLE``, ``BIMANUAL_STAGE0_CHECKPOINT`` ...). Command-line
+overrides are dotted ``section.key=value`` pairs, e.g. ``trainer.max_iter=12
+checkpoint.save_iter=12`` for the 12-iteration smoke run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wmrl.config import ConfigError
+
+STAGES = {0: "bidirectional", 1: "teacher_forcing", 2: "tf_dcm", 3: "sf_dmd"}
+IMPLEMENTED_STAGES = (0, 1)
+REFERENCE_ITERS = {0: 35_000, 1: 8_000, 2: 4_000, 3: 1_500}
+PARENT_STAGE = {1: 0, 2: 1, 3: 2}  # Stage 3's reference/critic also reads Stage 0
+
+
+# ----------------------------------------------------------------------------- the bundle
+@dataclass(frozen=True)
+class BundleConfig:
+    """How ``make bimanual-bundle`` generates data (ALOHA) and what it mixes in (LIBERO)."""
+
+    tasks: tuple[str, ...] = ("transfer_cube", "insertion")
+    episodes_per_task: int = 20
+    fail_fraction: float = 0.3  # episodes whose grasp target is shifted (mostly failures)
+    image_size: int = 64  # software rendering: keep it small on CPU
+    frame_stride: int = 8  # control steps (50 Hz) per frame: one transition = 0.16 s
+    max_steps: int = 400  # control steps per episode (the planners' horizon)
+    window: int = 16  # transitions per training window (T; T+1 frames)
+    window_stride: int = 8
+    val_fraction: float = 0.2
+    seed: int = 0
+    aloha_weight: float = 1.0  # relative source weights, normalised by the kit
+    libero_weight: float = 0.5
+    libero_episodes: int = 0  # 0: every episode of DATA
+
+    def __post_init__(self) -> None:
+        from wmrl.bimanual.aloha import TASKS
+
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad or not self.tasks:
+            raise ConfigError(f"tasks={self.tasks}: choose from {TASKS}")
+        if self.episodes_per_task < 1:
+            raise ConfigError(f"episodes_per_task={self.episodes_per_task}: must be >= 1 (EPISODES=...)")
+        if not 0 <= self.fail_fraction <= 1:
+            raise ConfigError(f"fail_fraction={self.fail_fraction}: use 0..1")
+        if not 16 <= self.image_size <= 256 or self.image_size % 8:
+            raise ConfigError(f"image_size={self.image_size}: use a multiple of 8 in 16..256 (64 on CPU)")
+        if self.frame_stride < 1 or self.max_steps < self.frame_stride:
+            raise ConfigError(f"frame_stride={self.frame_stride}, max_steps={self.max_steps}: need 1 <= frame_stride <= max_steps")
+        if self.window < 1 or self.window_stride < 1:
+            raise ConfigError("window and window_stride must be >= 1")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction={self.val_fraction}: use 0 <= f < 1")
+        if self.aloha_weight <= 0 or self.libero_weight <= 0:
+            raise ConfigError("source weights must be positive (they are relative; the kit normalises them)")
+
+
+BUNDLE_PROFILES = {
+    "default": BundleConfig(),
+    "tiny": BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40,
+                         max_steps=400, window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
+}
+
+
+# ------------------------------------------------------------------------------ the stages
+@dataclass(frozen=True)
+class JobConfig:
+    name: str = "bimanual_stage0"  # the run name; reruns with the same name resume
+    output_root: str = "runs/bimanual"  # checkpoints: <output_root>/<name>/checkpoints/iter_XXXXXXXXX
+    stage: int = 0
+    wandb_mode: str = "disabled"  # logging goes to <run>/log.jsonl; no W&B key needed
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ConfigError(f"job.stage={self.stage}: stages are 0..3")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or ""):
+            raise ConfigError(f"job.name={self.name!r}: use letters, digits, '_', '-', '.' (a unique run name per stage)")
+        if self.wandb_mode != "disabled":
+            raise ConfigError(f"job.wandb_mode={self.wandb_mode!r}: only 'disabled' (metrics go to log.jsonl)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    bundle: str = ""  # a finished training bundle (make bimanual-bundle)
+    batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.bundle:
+            raise ConfigError("data.bundle is empty: set BIMANUAL_BUNDLE or DATA=<bundle folder> (make bimanual-bundle builds one)")
+        if self.batch_size < 1:
+            raise ConfigError(f"data.batch_size={self.batch_size}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The video generator (``wmrl.bimanual.model``); frames come from the bundle's size."""
+
+    patch: int = 8  # pixels per token side (pixel space at small sizes)
+    width: int = 256
+    depth: int = 8
+    heads: int = 8
+    mlp_ratio: int = 4
+    block_frames: int = 1  # frames per autoregressive block
+    caption_dim: int = 128
+    max_frames: int = 64  # temporal positions
+    denoise_steps: int = 8  # Euler steps per block when generating
+
+    def __post_init__(self) -> None:
+        if self.width % self.heads:
+            raise ConfigError(f"model.width={self.width} must be divisible by model.heads={self.heads}")
+        if self.patch < 1 or self.depth < 1 or self.block_frames < 1 or self.denoise_steps < 1:
+            raise ConfigError("model.patch, depth, block_frames and denoise_steps must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    max_iter: int = 35_000
+    lr: float = 2e-4
+    weight_decay: float = 0.01
+    warmup_iter: int = 500
+    grad_clip: float = 1.0
+    log_iter: int = 50
+    seed: int = 0
+    device: str = "auto"  # auto: cuda if available
+
+    def __post_init__(self) -> None:
+        if self.max_iter < 1:
+            raise ConfigError(f"trainer.max_iter={self.max_iter}: must be >= 1")
+        if self.lr <= 0 or self.grad_clip <= 0 or self.log_iter < 1 or self.warmup_iter < 0:
+            raise ConfigError("trainer.lr and grad_clip must be > 0, log_iter >= 1, warmup_iter >= 0")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save_iter: int = 1000
+    # Stage 0: a base checkpoint (bimanual.py base) or "" to start from fresh weights.
+    # Later stages: the parent stage's exact completed iteration root.
+    load_path: str = ""
+    keep_last: int = 0  # 0: keep every saved iteration root
+
+    def __post_init__(self) -> None:
+        if self.save_iter < 1:
+            raise ConfigError(f"checkpoint.save_iter={self.save_iter}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    enabled: bool = True
+    beta: float = 0.999
+    # the one built-in EMA step: on a fresh start the loaded/fresh weights are copied into
+    # the EMA once; a same-run resume restores the saved EMA. No second EMA callback.
+    init: str = "copy_once"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.beta < 1:
+            raise ConfigError(f"ema.beta={self.beta}: use 0 < beta < 1")
+        if self.init != "copy_once":
+            raise ConfigError("ema.init: only 'copy_once' (the built-in step); do not add a second EMA callback")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    backend: str = "auto"  # auto: DeepSpeed ZeRO when launched with several processes, else plain
+    zero_stage: int = 2
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "plain", "deepspeed"):
+            raise ConfigError(f"parallelism.backend={self.backend!r}: choose auto, plain or deepspeed")
+        if self.zero_stage not in (0, 1, 2):
+            raise ConfigError(f"parallelism.zero_stage={self.zero_stage}: use 0, 1 or 2")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    job: JobConfig = field(default_factory=JobConfig)
+    data: DataConfig = field(default_factory=lambda: DataConfig(bundle="-"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    parallelism: ParallelConfig = field(default_factory=ParallelConfig)
+    source: str = ""  # the TOML file this came from
+
+    def __post_init__(self) -> None:
+        if self.job.stage > 0 and not self.checkpoint.load_path:
+            raise ConfigError(f"stage {self.job.stage} needs checkpoint.load_path: the completed iteration root of its "
+                              f"Stage {PARENT_STAGE[self.job.stage]} run (e.g. runs/bimanual/<run>/checkpoints/iter_000008000)")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.output_root) / self.job.name
+
+    @property
+    def mode(self) -> str:
+        return STAGES[self.job.stage]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(StageConfig) if f.name != "source"}
+_SECTION_CLASSES = {"job": JobConfig, "data": DataConfig, "model": ModelConfig, "trainer": TrainerConfig,
+                    "checkpoint": CheckpointConfig, "ema": EMAConfig, "parallelism": ParallelConfig}
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: Any, where: str) -> Any:
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=... or override {where}=...)")
+
+    return _ENV.sub(sub, value)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: use section.key=value, e.g. trainer.max_iter=12")
+    key, raw = item.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_stage_config(path: str | os.PathLike, *, profile: str = "default", overrides: list[str] | tuple = ()) -> StageConfig:
+    """Read a stage TOML, apply the profile table and dotted overrides, validate."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10 (the wm environment)
+        import tomli as tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such stage config; the kit's are data/bimanual/stage0_bidir.toml ... stage3_sfdmd.toml")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    profiles = {k: raw.pop(k) for k in list(raw) if k in ("tiny", "default") and isinstance(raw[k], dict)}
+    if profile not in ("default", "tiny"):
+        raise ConfigError(f"profile={profile!r}: choose default or tiny")
+    if profile in profiles:
+        raw = _merge(raw, profiles[profile])
+    for item in overrides:
+        keys, value = _parse_override(item)
+        if len(keys) != 2 or keys[0] not in _SECTIONS:
+            raise ConfigError(f"override {item!r}: keys are section.key with section one of {sorted(_SECTIONS)}")
+        raw.setdefault(keys[0], {})[keys[1]] = value
+    unknown = set(raw) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; known: {sorted(_SECTIONS)} and [tiny]")
+    sections = {}
+    for name, cls in _SECTION_CLASSES.items():
+        values = raw.get(name, {})
+        known = {f.name: f.type for f in dataclasses.fields(cls)}
+        bad = set(values) - set(known)
+        if bad:
+            raise ConfigError(f"{path}: unknown key(s) {sorted(bad)} in [{name}]; known: {sorted(known)}")
+        values = {k: _expand(v, f"{name}.{k}") for k, v in values.items()}
+        for k, v in values.items():
+            want = type(getattr(cls(**({"bundle": "-"} if cls is DataConfig else {})), k))
+            if want is float and isinstance(v, int):
+                values[k] = float(v)
+            elif want is int and isinstance(v, str) and v.lstrip("-").isdigit():
+                values[k] = int(v)
+            elif want is not type(v) and not (want is float and isinstance(v, float)):
+                raise ConfigError(f"{path}: {name}.{k}={v!r} should be {want.__name__}")
+        sections[name] = cls(**values)
+    return StageConfig(**sections, source=str(path))

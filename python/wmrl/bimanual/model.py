@@ -1,0 +1,295 @@
+"""A causal, block-autoregressive video generator conditioned on actions, domain and caption.
+
+Pixel space at small sizes: each frame is cut into ``patch x patch`` patches, one token
+each. A frame's tokens carry a spatial and a temporal position and are modulated (adaLN,
+as in DiT) by one conditioning vector per frame::
+
+    c_f = time(t_f) + caption + action_modulation(action_encoder(a_f, mask_f) + domain_embedding(d))
+
+where ``a_f`` is the (normalised, padded) action of the transition that *leads to* frame f
+(frame 0 has none). ``action_encoder``, ``domain_embedding`` and ``action_modulation`` are the
+three action modules that a base checkpoint does not have (Stage 0 starts them fresh);
+``action_modulation`` starts at zero so a loaded base model is unchanged at step 0.
+
+Objective: flow matching (rectified flow). ``x_t = (1 - t) x_0 + t eps``, the network
+predicts ``v = eps - x_0``; generation integrates t from 1 to 0 with Euler steps.
+
+Attention modes (frames grouped into blocks of ``block_frames``; frame 0 is block 0):
+
+- bidirectional (Stage 0): frame 0 clean, frames 1..T noisy, every token sees every token.
+- teacher forcing (Stage 1): the sequence is [clean frames 0..T-1 | noisy frames 1..T];
+  a clean frame sees clean frames of its own and earlier blocks; a noisy frame sees the
+  clean frames of earlier blocks and the noisy frames of its own block (CausVid-style).
+- generation: the same causal rule with a KV cache. Clean frames are pushed through once
+  and their keys/values kept; each new block is denoised attending to the cache, then
+  pushed through clean and appended. ``test_kv_cache_matches_teacher_forcing`` checks that
+  the cache reproduces the teacher-forcing outputs exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wmrl.bimanual import contract
+from wmrl.bimanual.config import ModelConfig
+
+NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation")
+NUM_DOMAINS = 8  # embedding rows; the bundle's domain IDs must be below this
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = (t.float() * 1000)[..., None] * freqs
+    return torch.cat([torch.cos(args), torch.sin(args)], -1)
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale) + shift
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * width, width))
+        self.ada = nn.Linear(width, 6 * width)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x, c, mask=None, cache: dict | None = None, append: bool = False):
+        b, n, w = x.shape
+        s1, sc1, g1, s2, sc2, g2 = self.ada(F.silu(c)).chunk(6, -1)
+        q, k, v = self.qkv(modulate(self.norm1(x), s1, sc1)).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        if cache is not None and "k" in cache:
+            k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+        if cache is not None and append:
+            cache["k"], cache["v"] = k, v
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + g1 * self.proj(a.transpose(1, 2).reshape(b, n, w))
+        return x + g2 * self.mlp(modulate(self.norm2(x), s2, sc2))
+
+
+class VideoWorldModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, *, image_size: int, vocab_size: int, action_dim: int = contract.PADDED_DIM):
+        super().__init__()
+        if image_size % cfg.patch:
+            raise ValueError(f"image size {image_size} is not divisible by model.patch={cfg.patch}")
+        self.cfg, self.image_size = cfg, image_size
+        w, p = cfg.width, cfg.patch
+        self.grid = image_size // p
+        self.tokens_per_frame = self.grid**2
+        self.patch_embed = nn.Linear(3 * p * p, w)
+        self.spatial_pos = nn.Parameter(torch.randn(1, self.tokens_per_frame, w) * 0.02)
+        self.temporal_pos = nn.Embedding(cfg.max_frames, w)
+        nn.init.normal_(self.temporal_pos.weight, std=0.02)
+        self.time_embed = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
+        self.caption_embed = nn.Embedding(vocab_size, cfg.caption_dim)
+        self.caption_proj = nn.Linear(cfg.caption_dim, w)
+        # the three new action modules (absent from a base checkpoint)
+        self.action_encoder = nn.Sequential(nn.Linear(2 * action_dim, w), nn.SiLU(), nn.Linear(w, w))
+        self.domain_embedding = nn.Embedding(NUM_DOMAINS, w)
+        self.action_modulation = nn.Linear(w, w)
+        nn.init.zeros_(self.action_modulation.weight)
+        nn.init.zeros_(self.action_modulation.bias)
+        self.blocks = nn.ModuleList(Block(w, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
+        self.final_norm = nn.LayerNorm(w, elementwise_affine=False, eps=1e-6)
+        self.final_ada = nn.Linear(w, 2 * w)
+        self.out = nn.Linear(w, 3 * p * p)
+        for m in (self.final_ada, self.out):
+            nn.init.zeros_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------ tokens and blocks
+    def patchify(self, frames):  # (B, S, 3, H, W) -> (B, S*N, 3*p*p)
+        b, s, c, h, w = frames.shape
+        p, g = self.cfg.patch, self.grid
+        x = frames.reshape(b, s, c, g, p, g, p).permute(0, 1, 3, 5, 2, 4, 6)
+        return x.reshape(b, s * g * g, c * p * p)
+
+    def unpatchify(self, x, s: int):
+        b = x.shape[0]
+        p, g = self.cfg.patch, self.grid
+        x = x.reshape(b, s, g, g, 3, p, p).permute(0, 1, 4, 2, 5, 3, 6)
+        return x.reshape(b, s, 3, g * p, g * p)
+
+    def frame_block(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.where(idx == 0, torch.zeros_like(idx), (idx - 1) // self.cfg.block_frames + 1)
+
+    def caption_vector(self, ids, mask):
+        e = self.caption_embed(ids) * mask[..., None]
+        return self.caption_proj(e.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
+
+    def _forward(self, frames, frame_idx, t, act, amask, domain, cap_vec, mask=None, cache=None, append=False):
+        """frames (B,S,3,H,W), frame_idx (S,), t (B,S), act/amask (B,S,A) -> v (B,S,3,H,W)."""
+        b, s = frames.shape[:2]
+        n = self.tokens_per_frame
+        x = self.patch_embed(self.patchify(frames)).view(b, s, n, -1)
+        x = x + self.spatial_pos[:, None] + self.temporal_pos(frame_idx)[None, :, None]
+        a = self.action_encoder(torch.cat([act * amask, amask.float()], -1)) + self.domain_embedding(domain)[:, None]
+        c = self.time_embed(timestep_embedding(t, self.cfg.width)) + cap_vec[:, None] + self.action_modulation(a)
+        x = x.reshape(b, s * n, -1)
+        c = c[:, :, None].expand(b, s, n, c.shape[-1]).reshape(b, s * n, -1)
+        caches = cache if cache is not None else [None] * len(self.blocks)
+        for blk, kv in zip(self.blocks, caches):
+            x = blk(x, c, mask, kv, append)
+        sh, sc = self.final_ada(F.silu(c)).chunk(2, -1)
+        return self.unpatchify(self.out(modulate(self.final_norm(x), sh, sc)), s)
+
+    @staticmethod
+    def frame_actions(actions, action_mask):
+        """Per-frame conditioning: frame f gets transition f-1's action; frame 0 none."""
+        z = torch.zeros_like(actions[:, :1])
+        return torch.cat([z, actions], 1), torch.cat([z.bool(), action_mask], 1)
+
+    def _token_mask(self, allowed: torch.Tensor, key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Frame-level (Sq, Sk) bool -> token-level (1 or B, 1, Sq*N, Sk*N) attention mask."""
+        n = self.tokens_per_frame
+        m = allowed.repeat_interleave(n, 0).repeat_interleave(n, 1)[None, None]
+        if key_valid is not None:  # (B, Sk): padded frames are never attended to ...
+            m = m & key_valid.repeat_interleave(n, 1)[:, None, None, :]
+            if allowed.shape[0] == allowed.shape[1]:  # ... except by themselves (no empty rows)
+                own = torch.eye(allowed.shape[0], dtype=torch.bool, device=allowed.device)
+                m = m | own.repeat_interleave(n, 0).repeat_interleave(n, 1)[None, None]
+        return m
+
+    # ----------------------------------------------------------------------- training modes
+    def forward_bidirectional(self, noisy, t, batch):
+        """Stage 0: frame 0 clean (t=0), frames 1..T noisy; full attention."""
+        f = noisy.shape[1]
+        act, am = self.frame_actions(batch["actions"], batch["action_mask"])
+        idx = torch.arange(f, device=noisy.device)
+        mask = self._token_mask(torch.ones(f, f, dtype=torch.bool, device=noisy.device), batch["frame_mask"])
+        cap = self.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        return self._forward(noisy, idx, t, act, am, batch["domain_id"], cap, mask)
+
+    def teacher_forcing_mask(self, f: int, device) -> torch.Tensor:
+        """Frame-level mask for [clean 0..f-2 | noisy 1..f-1] (see the module doc)."""
+        clean = self.frame_block(torch.arange(f - 1, device=device))
+        noisy = self.frame_block(torch.arange(1, f, device=device))
+        cc = clean[:, None] >= clean[None, :]
+        nc = noisy[:, None] > clean[None, :]
+        nn_ = noisy[:, None] == noisy[None, :]
+        top = torch.cat([cc, torch.zeros(f - 1, f - 1, dtype=torch.bool, device=device)], 1)
+        return torch.cat([top, torch.cat([nc, nn_], 1)], 0)
+
+    def forward_teacher_forcing(self, clean, noisy, t, batch):
+        """Stage 1: predict v for noisy frames 1..T given clean frames 0..T-1."""
+        f = clean.shape[1]
+        dev = clean.device
+        act, am = self.frame_actions(batch["actions"], batch["action_mask"])
+        idx = torch.cat([torch.arange(f - 1, device=dev), torch.arange(1, f, device=dev)])
+        fm = batch["frame_mask"]
+        key_valid = torch.cat([fm[:, : f - 1], fm[:, 1:]], 1)
+        mask = self._token_mask(self.teacher_forcing_mask(f, dev), key_valid)
+        frames = torch.cat([clean[:, : f - 1], noisy[:, 1:]], 1)
+        tt = torch.cat([torch.zeros_like(t[:, : f - 1]), t[:, 1:]], 1)
+        cap = self.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        v = self._forward(frames, idx, tt, torch.cat([act[:, : f - 1], act[:, 1:]], 1),
+                          torch.cat([am[:, : f - 1], am[:, 1:]], 1), batch["domain_id"], cap, mask)
+        return v[:, f - 1 :]  # predictions for frames 1..T
+
+    # ------------------------------------------------------------------ generation (cache)
+    def new_cache(self) -> list[dict]:
+        return [{} for _ in self.blocks]
+
+    def push_clean(self, cache, frames, frame_idx, act, am, domain, cap_vec):
+        """Append clean frames of one block (or the context) to the KV cache."""
+        s = frames.shape[1]
+        t = torch.zeros(frames.shape[0], s, device=frames.device)
+        blocks = self.frame_block(frame_idx)
+        mask = None
+        if s > 1:  # several blocks at once (the context): causal among them
+            cached = cache[0]["k"].shape[2] // self.tokens_per_frame if "k" in cache[0] else 0
+            allowed = blocks[:, None] >= blocks[None, :]
+            allowed = torch.cat([torch.ones(s, cached, dtype=torch.bool, device=frames.device), allowed], 1)
+            mask = self._token_mask(allowed)
+        self._forward(frames, frame_idx, t, act, am, domain, cap_vec, mask, cache, append=True)
+
+    @torch.no_grad()
+    def denoise_block(self, cache, frame_idx, act, am, domain, cap_vec, steps: int, generator=None):
+        """Generate the frames of one block from noise, attending to the cache."""
+        b, s = act.shape[0], len(frame_idx)
+        x = torch.randn(b, s, 3, self.image_size, self.image_size, device=act.device, generator=generator)
+        ts = torch.linspace(1.0, 0.0, steps + 1, device=act.device)
+        for i in range(steps):
+            v = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False)
+            x = x + (ts[i + 1] - ts[i]) * v
+        return x.clamp(-1, 1)
+
+    @torch.no_grad()
+    def rollout(self, batch, *, context_frames: int = 1, teacher_forced: bool = True, steps: int | None = None, generator=None):
+        """Generate frames ``context_frames..T`` block by block with the KV cache.
+
+        ``teacher_forced``: after each block, the *real* frames are appended to the cache
+        (next-chunk prediction from true history); otherwise the generated ones
+        (autoregressive rollout). Returns (B, T+1, 3, H, W) with the context copied."""
+        video = batch["video"]
+        f, dev = video.shape[1], video.device
+        steps = steps or self.cfg.denoise_steps
+        act, am = self.frame_actions(batch["actions"], batch["action_mask"])
+        cap = self.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        dom = batch["domain_id"]
+        cache = self.new_cache()
+        ctx = torch.arange(context_frames, device=dev)
+        self.push_clean(cache, video[:, :context_frames], ctx, act[:, ctx], am[:, ctx], dom, cap)
+        out = [video[:, :context_frames]]
+        blocks = self.frame_block(torch.arange(f, device=dev))
+        b = int(blocks[context_frames - 1]) + 1 if context_frames < f else None
+        while b is not None and b <= int(blocks[-1]):
+            idx = torch.nonzero(blocks == b).flatten()
+            idx = idx[idx >= context_frames]
+            gen = self.denoise_block(cache, idx, act[:, idx], am[:, idx], dom, cap, steps, generator)
+            out.append(gen)
+            clean = video[:, idx] if teacher_forced else gen
+            self.push_clean(cache, clean, idx, act[:, idx], am[:, idx], dom, cap)
+            b += 1
+        return torch.cat(out, 1)
+
+
+def sample_t(shape, generator=None, device=None) -> torch.Tensor:
+    """Logit-normal times (SD3): more weight on the middle of the path."""
+    return torch.sigmoid(torch.randn(shape, generator=generator, device=device))
+
+
+def flow_loss(model: VideoWorldModel, batch, mode: str, generator=None) -> tuple[torch.Tensor, dict]:
+    """Flow-matching loss of one packed batch in the stage's attention mode."""
+    x0 = batch["video"]
+    b, f = x0.shape[:2]
+    dev = x0.device
+    eps = torch.randn(x0.shape, generator=generator, device=dev)
+    if mode == "bidirectional":  # one time per sample for all target frames; frame 0 clean
+        t = sample_t((b, 1), generator, dev).expand(b, f).clone()
+        t[:, 0] = 0
+    elif mode == "teacher_forcing":  # independent time per block
+        blocks = model.frame_block(torch.arange(f, device=dev))
+        tb = sample_t((b, int(blocks.max()) + 1), generator, dev)
+        t = tb[:, blocks]
+        t[:, 0] = 0
+    else:
+        raise ValueError(f"mode {mode!r} is not a Stage 0/1 mode")
+    tt = t[:, :, None, None, None]
+    xt = (1 - tt) * x0 + tt * eps
+    target = eps - x0
+    if mode == "bidirectional":
+        v = model.forward_bidirectional(xt, t, batch)[:, 1:]
+    else:
+        v = model.forward_teacher_forcing(x0, xt, t, batch)
+    w = batch["frame_mask"][:, 1:].float()
+    per_frame = ((v - target[:, 1:]) ** 2).mean((2, 3, 4))
+    loss = (per_frame * w).sum() / w.sum().clamp(min=1)
+    return loss, {"loss": float(loss.detach())}
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-frame PSNR in dB of images in [-1, 1] (peak 1 on the [0, 1] scale)."""
+    mse = (((a - b) / 2) ** 2).flatten(2).mean(-1)
+    return 10 * torch.log10(1.0 / mse.clamp(min=1e-10))

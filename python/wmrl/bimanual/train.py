@@ -1,0 +1,487 @@
+"""The staged trainer: Stage 0 (bidirectional) and Stage 1 (teacher forcing).
+
+Read top to bottom: ``resolve`` (the plan; reads JSON only, loads no weights) ->
+``train`` (build model, load the start point, train, save iteration roots).
+
+Run folder (``<job.output_root>/<job.name>/``)::
+
+    config.json                      the resolved config of the run (a rerun must match)
+    log.jsonl                        one line per logged iteration (loss, grad norm, lr, it/s)
+    checkpoints/iter_000000012/      one *iteration root* per save:
+        model.pt                     {"net": ..., "net_ema": ...}
+        optim.pt                     optimizer and scheduler state
+        trainer_state.pt             RNG states, loader state
+        checkpoint.json              stage, iteration, bundle fingerprint, parent, sha256 of
+                                     the files above; written last: its presence = complete
+    checkpoints/latest.txt           name of the newest complete iteration root
+
+An iteration root is written under a temporary name and renamed into place when complete,
+so a killed run leaves no half-written root a later stage could bind to.
+
+Start points:
+
+- Stage 0 from a *base checkpoint* (``bimanual.py base``) or fresh weights. The three new
+  action modules and ``net_ema.`` are not loaded from the base; every other weight loads
+  strictly (missing or unexpected keys are errors). The built-in EMA step then copies the
+  loaded/fresh weights into the EMA once.
+- Stage 1 from the exact completed iteration root of a Stage 0 run: all regular weights load
+  strictly, optimizer and scheduler start fresh, EMA copied once from the loaded weights.
+- A rerun with the same run name, output root, bundle and parent resumes: iteration,
+  weights, EMA, optimizer, scheduler, RNG and loader position come from the newest root
+  (the EMA is restored, never re-copied).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from wmrl import __version__
+from wmrl.bimanual.bundle import Bundle, BundleError
+from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
+from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
+
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "trainer_state.pt")
+
+
+class TrainError(ValueError):
+    """The run cannot start or continue as asked; the message says what to do."""
+
+
+def iter_name(iteration: int) -> str:
+    return f"iter_{iteration:09d}"
+
+
+# ----------------------------------------------------------------------- start points
+def read_root(path: Path) -> dict[str, Any]:
+    """checkpoint.json of a completed iteration root or base checkpoint (JSON only)."""
+    return read_json(path / "checkpoint.json", TrainError, "no checkpoint.json: not a completed iteration root")
+
+
+def check_parent(cfg: StageConfig) -> dict[str, Any] | None:
+    """The start point named by ``checkpoint.load_path``, checked before any weights load."""
+    lp = cfg.checkpoint.load_path
+    stage = cfg.job.stage
+    if not lp:
+        if stage == 0:
+            return None  # fresh weights
+        raise TrainError(f"stage {stage} needs checkpoint.load_path (its Stage {PARENT_STAGE[stage]} iteration root)")
+    path = Path(lp)
+    if not path.is_dir():
+        raise TrainError(f"checkpoint.load_path={lp}: no such folder")
+    if not (path / "checkpoint.json").is_file():
+        roots = sorted(path.glob("iter_*")) or sorted(path.glob("checkpoints/iter_*"))
+        hint = f"; bind its exact completed iteration root, e.g. {roots[-1]}" if roots else ""
+        raise TrainError(f"checkpoint.load_path={lp} is not an iteration root (no checkpoint.json){hint}")
+    meta = read_root(path)
+    if not meta.get("complete"):
+        raise TrainError(f"{lp}: the iteration root is incomplete (the save did not finish); use an earlier root")
+    if stage == 0:
+        if meta.get("kind") not in ("base", "stage"):
+            raise TrainError(f"{lp}: not a base checkpoint (kind={meta.get('kind')!r})")
+    else:
+        want = PARENT_STAGE[stage]
+        if meta.get("kind") != "stage" or meta.get("stage") != want:
+            got = "a base checkpoint" if meta.get("kind") == "base" else f"a Stage {meta.get('stage')} root"
+            raise TrainError(f"stage {stage} must start from a completed Stage {want} iteration root; {lp} is {got}")
+    return meta
+
+
+def latest_root(run_dir: Path) -> Path | None:
+    ck = run_dir / "checkpoints"
+    roots = sorted(p for p in ck.glob("iter_*") if p.is_dir() and (p / "checkpoint.json").is_file()) if ck.is_dir() else []
+    return roots[-1] if roots else None
+
+
+def resolve(cfg: StageConfig) -> dict[str, Any]:
+    """The full plan of a run: config, data, load paths, EMA, parallelism, logging, resume.
+
+    Reads only JSON files (bundle manifest, checkpoint.json): safe for ``--dry-run``."""
+    if cfg.job.stage not in IMPLEMENTED_STAGES:
+        raise TrainError(f"stage {cfg.job.stage} ({STAGES[cfg.job.stage]}) is not implemented in this kit yet; "
+                         f"stages {IMPLEMENTED_STAGES} are")
+    try:
+        bundle = Bundle(cfg.data.bundle)
+    except BundleError as e:
+        raise TrainError(str(e)) from None
+    parent = check_parent(cfg)
+    resume = latest_root(cfg.run_dir)
+    if resume is not None:
+        meta = read_root(resume)
+        if meta.get("bundle_fingerprint") != bundle.fingerprint:
+            raise TrainError(f"run {cfg.run_dir} was trained on another bundle; rerun with the same bundle or choose a new job.name")
+        if meta.get("stage") != cfg.job.stage:
+            raise TrainError(f"run {cfg.run_dir} holds a Stage {meta.get('stage')} run; choose a new job.name for Stage {cfg.job.stage}")
+        if (meta.get("parent") or "") != (str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else ""):
+            raise TrainError(f"run {cfg.run_dir} started from parent {meta.get('parent') or 'fresh weights'}; rerun with that "
+                             "checkpoint.load_path or choose a new job.name")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = cfg.parallelism.backend
+    if backend == "auto":
+        backend = "deepspeed" if world > 1 else "plain"
+    return {
+        "stage": cfg.job.stage,
+        "mode": cfg.mode,
+        "run_dir": str(cfg.run_dir),
+        "config": cfg.to_dict(),
+        "data": {"bundle": str(bundle.path), "fingerprint": bundle.fingerprint,
+                 "tokenizer": str(bundle.path / bundle.manifest["tokenizer"]),
+                 "window_transitions": bundle.manifest["window"]["transitions"],
+                 "image": bundle.manifest["image"], "sources": bundle.source_weights(),
+                 "train_windows": sum(w["split"] == "train" for w in bundle.windows)},
+        "load": ({"kind": "resume", "path": str(resume), "restores": ["iteration", "net", "net_ema", "optimizer",
+                                                                      "scheduler", "rng", "loader"]}
+                 if resume else
+                 {"kind": "fresh" if parent is None else parent.get("kind"), "path": cfg.checkpoint.load_path or None,
+                  "parent_stage": None if parent is None else parent.get("stage"),
+                  "parent_iteration": None if parent is None else parent.get("iteration"),
+                  "skipped_keys": (["net_ema.", *[f"{m}." for m in _new_modules()]] if cfg.job.stage == 0 and parent else ["net_ema."]),
+                  "strict": True}),
+        "ema": {"enabled": cfg.ema.enabled, "beta": cfg.ema.beta,
+                "callback": "built-in copy_once (fresh start) / restore (resume); no second EMA callback"},
+        "parallelism": {"backend": backend, "world_size": world, "zero_stage": cfg.parallelism.zero_stage},
+        "logging": {"wandb_mode": cfg.job.wandb_mode, "log": str(cfg.run_dir / "log.jsonl")},
+        "schedule": {"max_iter": cfg.trainer.max_iter, "save_iter": cfg.checkpoint.save_iter,
+                     "batch_size": cfg.data.batch_size},
+    }
+
+
+def _new_modules() -> tuple[str, ...]:
+    return ("action_encoder", "domain_embedding", "action_modulation")  # = model.NEW_ACTION_MODULES
+
+
+# ------------------------------------------------------------------------------ helpers
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def build_model(cfg: StageConfig, bundle: Bundle):
+    from wmrl.bimanual.model import VideoWorldModel
+
+    img = bundle.manifest["image"]
+    if img["height"] != img["width"]:
+        raise TrainError(f"bundle frames are {img['height']}x{img['width']}; the model expects square frames")
+    if bundle.manifest["window"]["transitions"] + 1 > cfg.model.max_frames:
+        raise TrainError(f"bundle windows have {bundle.manifest['window']['transitions'] + 1} frames > model.max_frames={cfg.model.max_frames}")
+    if img["height"] % cfg.model.patch:
+        raise TrainError(f"bundle frames {img['height']} px are not divisible by model.patch={cfg.model.patch}")
+    return VideoWorldModel(cfg.model, image_size=img["height"], vocab_size=bundle.tokenizer().vocab_size)
+
+
+def load_regular_weights(net, state: dict, *, skip_prefixes: tuple[str, ...], where: str) -> None:
+    """Strict load of every weight except ``skip_prefixes`` (which keep their fresh values)."""
+    own = net.state_dict()
+    keep = {k: v for k, v in state.items() if not k.startswith(skip_prefixes)}
+    expected = {k for k in own if not k.startswith(skip_prefixes)}
+    missing, unexpected = sorted(expected - set(keep)), sorted(set(keep) - expected)
+    if missing or unexpected:
+        raise TrainError(f"{where}: weights do not match this model (missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
+                         f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}); check [model] against the checkpoint's config")
+    bad = [k for k in keep if keep[k].shape != own[k].shape]
+    if bad:
+        raise TrainError(f"{where}: shape mismatch for {bad[:4]} (e.g. {tuple(keep[bad[0]].shape)} vs {tuple(own[bad[0]].shape)}); "
+                         "the [model] section differs from the checkpoint's")
+    own.update(keep)
+    net.load_state_dict(own, strict=True)
+
+
+class EMA:
+    """Exponential moving average of the weights (``net_ema``)."""
+
+    def __init__(self, net, beta: float):
+        import copy
+
+        self.beta = beta
+        self.net = copy.deepcopy(net).requires_grad_(False)
+        self.copies = 0  # how often the built-in step copied the weights in (must stay 1)
+
+    def copy_from(self, net) -> None:
+        self.net.load_state_dict(net.state_dict())
+        self.copies += 1
+
+    def update(self, net) -> None:
+        import torch
+
+        with torch.no_grad():
+            for pe, p in zip(self.net.parameters(), net.parameters()):
+                pe.lerp_(p.detach(), 1 - self.beta)
+            for be, b in zip(self.net.buffers(), net.buffers()):
+                be.copy_(b)
+
+
+def make_scheduler(opt, cfg: StageConfig):
+    """Linear warmup, then cosine decay to 10% of the learning rate at max_iter."""
+    import torch
+
+    warm, total = cfg.trainer.warmup_iter, cfg.trainer.max_iter
+
+    def factor(i: int) -> float:
+        if i < warm:
+            return (i + 1) / warm
+        frac = (i - warm) / max(1, total - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, meta: dict) -> Path:
+    """Write one complete iteration root atomically (temporary folder, then rename)."""
+    import shutil
+
+    import torch
+
+    ck = run_dir / "checkpoints"
+    final = ck / iter_name(iteration)
+    tmp = ck / f".{iter_name(iteration)}.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    torch.save({"net": net.state_dict(), "net_ema": ema.net.state_dict() if ema else None}, tmp / "model.pt")
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+    torch.save({"rng": rng_state(), "loader": loader.state_dict(), "ema_copies": ema.copies if ema else 0},
+               tmp / "trainer_state.pt")
+    files = {f: sha256_file(tmp / f) for f in CHECKPOINT_FILES}
+    write_json(tmp / "checkpoint.json", {**meta, "iteration": iteration, "files": files, "complete": True})
+    if final.exists():  # a root of the same iteration from an earlier attempt: replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    with atomic_path(ck / "latest.txt") as p:
+        p.write_text(final.name + "\n")
+    return final
+
+
+def _torch_load(path: Path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load_net_state(root: Path, *, use_ema: bool = False) -> dict:
+    meta = read_root(root)
+    for f, digest in meta.get("files", {}).items():
+        if f == "model.pt" and sha256_file(root / f) != digest:
+            raise TrainError(f"{root / f}: sha256 differs from checkpoint.json; the checkpoint is damaged")
+    state = _torch_load(root / "model.pt")
+    return state["net_ema"] if use_ema and state.get("net_ema") is not None else state["net"]
+
+
+# --------------------------------------------------------------------------------- train
+def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Train (or resume) one stage. ``stop_after``: stop after that many iterations of this
+    process without a final save (tests use it to simulate a kill)."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from wmrl.bimanual.loader import make_bimanual_local_dataloader
+    from wmrl.bimanual.model import NEW_ACTION_MODULES, flow_loss
+
+    assert _new_modules() == NEW_ACTION_MODULES
+    plan = resolve(cfg)
+    if plan["parallelism"]["backend"] == "deepspeed":
+        raise TrainError("parallelism.backend=deepspeed is not wired into this trainer yet; use plain (one process)")
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved_cfg = run_dir / "config.json"
+    resolved = {k: v for k, v in cfg.to_dict().items() if k != "source"}
+    if saved_cfg.exists():
+        prev = read_json(saved_cfg, TrainError, "missing")
+        prev_cmp = {k: v for k, v in prev.items() if k not in ("trainer", "checkpoint")}
+        cur_cmp = {k: v for k, v in resolved.items() if k not in ("trainer", "checkpoint")}
+        if prev_cmp != cur_cmp:
+            raise TrainError(f"{saved_cfg}: this run was started with a different config (model/data/ema/job); "
+                             "rerun with the same TOML or choose a new job.name")
+    write_json(saved_cfg, resolved)
+    device = torch.device("cuda" if (cfg.trainer.device == "auto" and torch.cuda.is_available()) else
+                          ("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device))
+
+    torch.manual_seed(cfg.trainer.seed)
+    np.random.seed(cfg.trainer.seed)
+    random.seed(cfg.trainer.seed)
+    bundle = Bundle(cfg.data.bundle)
+    net = build_model(cfg, bundle)
+    loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="train",
+                                            batch_size=cfg.data.batch_size, seed=cfg.data.seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay, betas=(0.9, 0.99))
+    sched = make_scheduler(opt, cfg)
+    ema = EMA(net, cfg.ema.beta) if cfg.ema.enabled else None
+
+    resume = plan["load"]["kind"] == "resume"
+    if resume:
+        root = Path(plan["load"]["path"])
+        state = _torch_load(root / "model.pt")
+        net.load_state_dict(state["net"], strict=True)
+        o = _torch_load(root / "optim.pt")
+        opt.load_state_dict(o["optimizer"])
+        sched.load_state_dict(o["scheduler"])
+        ts = _torch_load(root / "trainer_state.pt")
+        if ema:
+            ema.net.load_state_dict(state["net_ema"], strict=True)  # restored, not re-copied
+            ema.copies = ts["ema_copies"]
+        loader.load_state_dict(ts["loader"])
+        set_rng_state(ts["rng"])
+        start = read_root(root)["iteration"]
+    else:
+        lp = cfg.checkpoint.load_path
+        if lp:
+            skip = ("net_ema.",) + tuple(f"{m}." for m in NEW_ACTION_MODULES) if cfg.job.stage == 0 else ("net_ema.",)
+            load_regular_weights(net, load_net_state(Path(lp)), skip_prefixes=skip, where=lp)
+        if ema:
+            ema.copy_from(net)  # the one built-in EMA step
+        start = 0
+    net.to(device)
+    if ema:
+        ema.net.to(device)
+    for st in opt.state.values():  # optimizer state follows the weights' device
+        for k, v in st.items():
+            if torch.is_tensor(v) and k != "step":
+                st[k] = v.to(device)
+
+    meta = {"kind": "stage", "stage": cfg.job.stage, "mode": cfg.mode, "run_name": cfg.job.name,
+            "bundle": str(bundle.path), "bundle_fingerprint": bundle.fingerprint,
+            "parent": str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else "",
+            "config": resolved, "kit_version": __version__, "git_commit": _git_commit(),
+            "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
+    log_path = run_dir / "log.jsonl"
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "start_iteration": start, "resumed": resume,
+                               "ema_copies": ema.copies if ema else 0}
+    if start >= cfg.trainer.max_iter:
+        summary.update(final_iteration=start, iterations_run=0, checkpoint=str(latest_root(run_dir)), finished=True)
+        return summary
+    net.train()
+    t0, losses, it = time.time(), [], start
+    bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress,
+               file=sys.stderr, initial=start, total=cfg.trainer.max_iter)
+    last_save = None
+    for it0 in bar:
+        batch = {k: v.to(device) for k, v in loader.next_batch()[0].items()}
+        loss, _ = flow_loss(net, batch, cfg.mode)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.trainer.grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
+            raise TrainError(f"iteration {it0 + 1}: non-finite loss ({float(loss)}) or gradient norm ({float(gnorm)}); "
+                             "lower trainer.lr or check the bundle (make bimanual-materialize)")
+        opt.step()
+        sched.step()
+        if ema:
+            ema.update(net)
+        it = it0 + 1
+        loss = loss.detach()
+        losses.append(float(loss))
+        if it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter:
+            rec = {"iteration": it, "loss": float(loss), "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0],
+                   "it_per_s": (it - start) / max(time.time() - t0, 1e-9)}
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            bar.set_postfix(loss=f"{float(loss):.4f}")
+        if it % cfg.checkpoint.save_iter == 0 or it == cfg.trainer.max_iter:
+            last_save = save_root(run_dir, it, net=net, ema=ema, opt=opt, sched=sched, loader=loader, meta=meta)
+            if cfg.checkpoint.keep_last:
+                import shutil
+
+                for old in sorted((run_dir / "checkpoints").glob("iter_*"))[: -cfg.checkpoint.keep_last]:
+                    shutil.rmtree(old)
+        if stop_after is not None and it - start >= stop_after:
+            break
+    elapsed = time.time() - t0
+    summary.update(final_iteration=it, iterations_run=it - start, loss_first=losses[0], loss_last=losses[-1],
+                   grad_norm_last=float(gnorm), finite=True, it_per_s=(it - start) / max(elapsed, 1e-9),
+                   checkpoint=str(last_save) if last_save else None, finished=it >= cfg.trainer.max_iter,
+                   ema_copies=ema.copies if ema else 0, device=str(device))
+    return summary
+
+
+# ------------------------------------------------------------------------ base checkpoint
+def write_base(cfg: StageConfig, out: str | os.PathLike, *, from_root: str | None = None) -> Path:
+    """A base checkpoint for Stage 0: regular weights only (no action modules, no EMA).
+
+    ``from_root``: take the weights of an existing iteration root (its ``net``), otherwise
+    fresh weights from ``trainer.seed``. The kit has no upstream base model to convert."""
+    import torch
+
+    from wmrl.bimanual.model import NEW_ACTION_MODULES
+
+    out = Path(out)
+    if (out / "checkpoint.json").exists():
+        raise FileExistsError(f"{out} already holds a checkpoint; choose another OUT")
+    bundle = Bundle(cfg.data.bundle)
+    torch.manual_seed(cfg.trainer.seed)
+    net = build_model(cfg, bundle)
+    if from_root:
+        load_regular_weights(net, load_net_state(Path(from_root)), skip_prefixes=(), where=from_root)
+    state = {k: v for k, v in net.state_dict().items() if not k.startswith(tuple(f"{m}." for m in NEW_ACTION_MODULES))}
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"net": state, "net_ema": None}, out / "model.pt")
+    write_json(out / "checkpoint.json", {"kind": "base", "stage": None, "iteration": 0, "complete": True,
+                                         "source": from_root or f"fresh (seed {cfg.trainer.seed})",
+                                         "model": cfg.to_dict()["model"], "files": {"model.pt": sha256_file(out / "model.pt")}})
+    return out
+
+
+# ------------------------------------------------------------------------------ evaluate
+def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64, steps: int | None = None,
+             use_ema: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Held-out next-chunk PSNR: from true history (KV cache), generate the next block and
+    compare with the real frames; the baseline copies the last real frame."""
+    import torch
+
+    from wmrl.bimanual.loader import make_bimanual_local_dataloader
+    from wmrl.bimanual.model import psnr
+
+    root = Path(root)
+    meta = read_root(root)
+    bundle = Bundle(cfg.data.bundle)
+    net = build_model(cfg, bundle)
+    net.load_state_dict(load_net_state(root, use_ema=use_ema), strict=True)
+    net.eval()
+    loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="val", batch_size=cfg.data.batch_size)
+    g = torch.Generator().manual_seed(seed)
+    model_p, copy_p, n = [], [], 0
+    for batch, wins in loader.iter_val(limit=max_windows):
+        gen = net.rollout(batch, context_frames=1, teacher_forced=True, steps=steps, generator=g)
+        real = batch["video"]
+        valid = batch["frame_mask"][:, 1:]
+        model_p.append(psnr(gen[:, 1:], real[:, 1:])[valid])
+        # baseline: every frame of a block predicted by the last real frame before the block
+        f = real.shape[1]
+        blocks = net.frame_block(torch.arange(f))
+        first = torch.tensor([int(torch.nonzero(blocks == blocks[i])[0]) for i in range(f)])
+        copy_p.append(psnr(real[:, (first - 1).clamp(min=0)][:, 1:], real[:, 1:])[valid])
+        n += len(wins)
+    mp, cp = torch.cat(model_p), torch.cat(copy_p)
+    return {"checkpoint": str(root), "stage": meta.get("stage"), "iteration": meta.get("iteration"), "weights": "ema" if use_ema else "net",
+            "val_windows": n, "frames": int(mp.numel()), "psnr_model_db": float(mp.mean()), "psnr_copy_last_db": float(cp.mean()),
+            "denoise_steps": steps or cfg.model.denoise_steps, "block_frames": cfg.model.block_frames}

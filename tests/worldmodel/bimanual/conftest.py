@@ -1,0 +1,75 @@
+"""Fixtures: one tiny two-source bundle per session (ALOHA + converted LIBERO trajectories)."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+# Short ALOHA episodes (160 control steps, a frame every 16): the full planners need 400.
+TEST_BUNDLE = dict(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=16, max_steps=160,
+                   window=4, window_stride=2, val_fraction=0.25, libero_episodes=3)
+
+
+@pytest.fixture(scope="session")
+def libero_file(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import synthetic_trajectory
+    from wmrl.data.trajectory import TrajectoryWriter
+
+    path = tmp_path_factory.mktemp("libero") / "task_00.hdf5"
+    w = TrajectoryWriter(path)
+    for s in range(3):
+        t = synthetic_trajectory(frames=6, chunk=8, size=32, seed=s, instruction="pick up the black bowl and place it on the plate")
+        t.proprio[:, 6], t.proprio[:, 7] = 0.03, -0.03  # finger joints: 6 cm apart
+        w.append(t)
+    w.finalize()
+    return path
+
+
+def in_subprocess(code: str, timeout: int = 300) -> str:
+    """Run Python code in a fresh process. Rendering (OSMesa's LLVM) and Triton (loaded when
+    torch builds an optimizer) crash in one process, so simulator work never runs in pytest's."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(tmp_path_factory, libero_file) -> Path:
+    out = tmp_path_factory.mktemp("bundles") / "tiny"
+    in_subprocess(
+        "from wmrl.bimanual.build import build_bundle\n"
+        "from wmrl.bimanual.config import BundleConfig\n"
+        f"build_bundle(BundleConfig(**{TEST_BUNDLE!r}), {str(out)!r}, libero={str(libero_file)!r}, progress=False)\n"
+    )
+    return out
+
+
+@pytest.fixture
+def bundle_copy(bundle_dir, tmp_path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, dst)
+    return dst
+
+
+@pytest.fixture
+def stage_cfg(bundle_dir, tmp_path):
+    """Load a kit TOML at tiny scale with this test's bundle and output root."""
+    from wmrl.bimanual.config import load_stage_config
+
+    def make(stage: int = 0, *overrides: str):
+        name = {0: "stage0_bidir.toml", 1: "stage1_tf.toml"}[stage]
+        over = [f"data.bundle={bundle_dir}", f"job.output_root={tmp_path / 'runs'}", *overrides]
+        if stage == 1 and not any(o.startswith("checkpoint.load_path=") for o in over):
+            over.append("checkpoint.load_path=/nonexistent")
+        return load_stage_config(ROOT / "data" / "bimanual" / name, profile="tiny", overrides=over)
+
+    return make

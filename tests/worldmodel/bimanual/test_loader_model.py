@@ -1,0 +1,138 @@
+import numpy as np
+import pytest
+import torch
+
+from wmrl.bimanual.bundle import Bundle
+from wmrl.bimanual.config import ModelConfig
+from wmrl.bimanual.loader import make_bimanual_local_dataloader, materialize
+from wmrl.bimanual.model import VideoWorldModel, flow_loss
+
+
+def test_materialize_reports_packed_stage0_batch(bundle_dir, tmp_path):
+    r = materialize(bundle_dir, batch_size=3, out=tmp_path / "prev")
+    assert r["passed"] and r["materialized"], r["problems"]
+    t = r["tensors"]
+    assert t["video"]["shape"] == [3, 5, 3, 32, 32] and t["video"]["dtype"] == "float32"
+    assert t["actions"]["shape"] == [3, 4, 64] and t["action_mask"]["dtype"] == "bool"
+    assert t["caption_ids"]["dtype"] == "int64" and t["domain_id"]["shape"] == [3]
+    assert r["batch"]["samples"] == 3
+    assert r["batch"]["tokens"]["video_per_frame"] == 16 and r["batch"]["tokens"]["video"] == 3 * 5 * 16
+    assert r["batch"]["tokens"]["caption"] > 0
+    for f in r["preview"]:
+        assert (tmp_path / "prev").joinpath(f).stat().st_size > 0
+    assert any(f.endswith(".png") for f in r["preview"]) and any(f.endswith(".mp4") for f in r["preview"])
+
+
+def test_loader_resumes_exactly_and_follows_weights(bundle_dir):
+    a = make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2, seed=3)
+    wins_a = [a.next_batch()[1] for _ in range(3)]
+    b = make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2, seed=3)
+    b.next_batch()
+    state = b.state_dict()
+    c = make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2, seed=3)
+    c.load_state_dict(state)
+    batch, wins = c.next_batch()
+    assert wins == wins_a[1] and c.next_batch()[1] == wins_a[2]
+    assert all(w["split"] == "train" for w in wins)
+    # sources drawn by their normalised weights (2/3 ALOHA, 1/3 LIBERO)
+    big = make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=1, seed=0)
+    srcs = [big._draw(i)["source"] for i in range(3000)]
+    assert srcs.count("aloha_sim") / 3000 == pytest.approx(2 / 3, abs=0.03)
+
+
+def test_short_window_is_padded_and_masked(bundle_dir):
+    b = Bundle(bundle_dir)
+    loader = make_bimanual_local_dataloader(b, stage=0, batch_size=1)
+    w = dict(next(w for w in b.windows if w["split"] == "train"), transitions=2)
+    s = loader.pack(w)
+    assert s["frame_mask"].tolist() == [True, True, True, False, False]
+    assert s["step_mask"].tolist() == [True, True, False, False]
+    assert not s["action_mask"][2:].any() and np.all(s["actions"][2:] == 0)
+    np.testing.assert_array_equal(s["video"][3], s["video"][2])
+
+
+def small_model(bundle_dir, block_frames=1):
+    torch.manual_seed(0)
+    cfg = ModelConfig(patch=8, width=32, depth=2, heads=4, caption_dim=16, block_frames=block_frames, max_frames=16)
+    m = VideoWorldModel(cfg, image_size=32, vocab_size=Bundle(bundle_dir).tokenizer().vocab_size)
+    with torch.no_grad():  # leave the zero-initialised gates: otherwise every output is 0
+        for p in m.parameters():
+            p.normal_(0, 0.05)
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def batch(bundle_dir):
+    return make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2).next_batch()[0]
+
+
+@pytest.mark.parametrize("block_frames", [1, 2])
+def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames):
+    m = small_model(bundle_dir, block_frames)
+    x0 = batch["video"]
+    f = x0.shape[1]
+    t = torch.rand(2, f)
+    t[:, 0] = 0
+    noisy = torch.randn_like(x0)
+    with torch.no_grad():
+        v_tf = m.forward_teacher_forcing(x0, noisy, t, batch)
+        act, am = m.frame_actions(batch["actions"], batch["action_mask"])
+        cap = m.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        cache = m.new_cache()
+        m.push_clean(cache, x0[:, :1], torch.tensor([0]), act[:, :1], am[:, :1], batch["domain_id"], cap)
+        blocks = m.frame_block(torch.arange(f))
+        outs = []
+        for b in range(1, int(blocks.max()) + 1):
+            idx = torch.nonzero(blocks == b).flatten()
+            outs.append(m._forward(noisy[:, idx], idx, t[:, idx], act[:, idx], am[:, idx], batch["domain_id"], cap, None, cache))
+            m.push_clean(cache, x0[:, idx], idx, act[:, idx], am[:, idx], batch["domain_id"], cap)
+    assert torch.allclose(v_tf, torch.cat(outs, 1), atol=1e-5)
+    assert cache[0]["k"].shape[2] == (f - 1 + 1) * m.tokens_per_frame  # context + every block pushed
+
+
+def test_attention_modes_causal_vs_bidirectional(bundle_dir, batch):
+    m = small_model(bundle_dir)
+    x0 = batch["video"]
+    t = torch.full(x0.shape[:2], 0.5)
+    t[:, 0] = 0
+    noisy = torch.randn_like(x0)
+    later = x0.clone()
+    later[:, 3:] = torch.randn_like(later[:, 3:])
+    noisy_later = noisy.clone()
+    noisy_later[:, 3:] = torch.randn_like(noisy[:, 3:])
+    with torch.no_grad():
+        tf_a = m.forward_teacher_forcing(x0, noisy, t, batch)
+        tf_b = m.forward_teacher_forcing(later, noisy_later, t, batch)
+        bi_a = m.forward_bidirectional(noisy, t, batch)
+        bi_b = m.forward_bidirectional(noisy_later, t, batch)
+    # causal: outputs for frames 1, 2 ignore frames >= 3
+    assert torch.allclose(tf_a[:, :2], tf_b[:, :2], atol=1e-6)
+    assert not torch.allclose(tf_a[:, 2:], tf_b[:, 2:], atol=1e-4)
+    # bidirectional: frame 1 sees the future
+    assert not torch.allclose(bi_a[:, 1], bi_b[:, 1], atol=1e-4)
+
+
+def test_actions_and_domain_condition_the_prediction(bundle_dir, batch):
+    m = small_model(bundle_dir)
+    x0 = batch["video"]
+    t = torch.full(x0.shape[:2], 0.5)
+    noisy = torch.randn_like(x0)
+    other = dict(batch, actions=batch["actions"] + 0.5 * batch["action_mask"])
+    dom = dict(batch, domain_id=1 - batch["domain_id"])
+    with torch.no_grad():
+        base = m.forward_teacher_forcing(x0, noisy, t, batch)
+        assert not torch.allclose(base, m.forward_teacher_forcing(x0, noisy, t, other), atol=1e-4)
+        assert not torch.allclose(base, m.forward_teacher_forcing(x0, noisy, t, dom), atol=1e-4)
+
+
+def test_losses_backpropagate_and_rollout_shapes(bundle_dir, batch):
+    m = small_model(bundle_dir).train()
+    for mode in ("bidirectional", "teacher_forcing"):
+        m.zero_grad()
+        loss, _ = flow_loss(m, batch, mode)
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert m.action_encoder[0].weight.grad.abs().sum() > 0
+    out = m.eval().rollout(batch, steps=2, generator=torch.Generator().manual_seed(0))
+    assert out.shape == batch["video"].shape and torch.equal(out[:, 0], batch["video"][:, 0])
+    assert out.abs().max() <= 1
