@@ -8,8 +8,32 @@ RUN      ?= runs/default
 PROFILE  ?= default
 POLICY   ?= expert
 TESTS    ?= tests
+RUNTIME  ?= local
+
+# ---- Where stages run: RUNTIME=local (the venvs of `make setup`) or RUNTIME=docker (the images) --
+# Every stage is started through one of two variables, and that choice is also its image:
+#   $(TRAIN_PY) ARGS   policy side, Python 3.11: simulator, demonstrations, policy, GRPO, evaluation
+#   $(WM_PY) ARGS      world-model side, Python 3.10: world models, DeepSpeed
+# Locally they are the venvs' python; with RUNTIME=docker they are
+#   python -m wmrl.containers run --image train|wm -- ARGS
+# (repository mounted at its own path, caller's uid, GPUS -> DeviceRequest; see
+# python/wmrl/containers/run.py). A new target that calls $(TRAIN_PY)/$(WM_PY) and depends on
+# `setup` works in both runtimes without further changes. Host-side targets (setup, lock,
+# wheelhouse, build, test, offline-*) always run on the host.
+DRIVER_PY      := .venv/driver/bin/python
+CONTAINERS      = PYTHONPATH=python $(DRIVER_PY) -m wmrl.containers
+DRIVER_PYTHON  ?= $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3.11)
+ifeq ($(RUNTIME),docker)
+TRAIN_PY := $(CONTAINERS) run --image train --
+WM_PY    := $(CONTAINERS) run --image wm --
+SETUP_ENVS := .venv/driver/.lock.sha256
+else ifeq ($(RUNTIME),local)
 TRAIN_PY := .venv/train/bin/python
 WM_PY    := .venv/wm/bin/python
+SETUP_ENVS := .venv/train/.lock.sha256 .venv/wm/.lock.sha256
+else
+$(error RUNTIME=$(RUNTIME): use RUNTIME=local (virtual environments) or RUNTIME=docker (the two images))
+endif
 
 # Optional flags, passed only when the variable is set.
 opt = $(if $(strip $(2)),$(1) $(2))
@@ -20,7 +44,7 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft
+.PHONY: help setup lock demo test demos eval validate bench clean sft check wheelhouse build images
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
@@ -32,8 +56,12 @@ help:
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make bench      simulator throughput on this machine"
 	@echo "make lock       regenerate docker/*.lock from docker/requirements-*.in"
+	@echo "make check      environment check as JSON: Python, lock, GPUs, renderer, limits (both environments)"
+	@echo "make wheelhouse every locked wheel, hash-checked, into wheelhouse/ (IMAGES=train wm)"
+	@echo "make build      the two images from the wheelhouse (IMAGES, BASE_IMAGE); make images: their status"
+	@echo "RUNTIME=docker make <target>   run the stages of any target inside the images"
 
-setup: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
+setup: $(SETUP_ENVS)
 
 .venv/train/.lock.sha256: docker/train.lock scripts/setup_env.sh
 	scripts/setup_env.sh train 3.11 docker/train.lock
@@ -43,6 +71,7 @@ setup: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
 
 lock:
 	scripts/lock.sh
+	docker/lock-containers.sh
 
 demo: setup
 	$(MAKE) --no-print-directory demos PROFILE=tiny OUT=runs/demo/demos
@@ -104,6 +133,30 @@ offline-install:
 	@test -n "$(BUNDLE)$(filter 1 yes true,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
 	$(or $(PYTHON),python3) python/offline_bundle.py install $(call opt,--bundle,$(BUNDLE)) $(call opt,--target,$(TARGET)) \
 		$(if $(filter 1 yes true,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))
+
+# ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
+#   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side
+#   make build [IMAGES=...] [BASE_IMAGE=...]   build from the wheelhouse (offline: --no-index --require-hashes)
+#   make images                                which images exist and whether they match the locks
+#   RUNTIME=docker make check                  the check stage inside both images
+IMAGES ?= train wm
+
+.venv/driver/.lock.sha256: docker/driver.lock scripts/setup_env.sh
+	scripts/setup_env.sh driver $(DRIVER_PYTHON) docker/driver.lock
+
+wheelhouse: .venv/driver/.lock.sha256
+	$(CONTAINERS) wheelhouse $(IMAGES)
+
+build: wheelhouse
+	$(CONTAINERS) build $(IMAGES) $(call opt,--base-image,$(BASE_IMAGE))
+
+images: .venv/driver/.lock.sha256
+	@$(CONTAINERS) status
+
+# Environment check of both environments (JSON); REQUIRE_GPU=1 fails without a visible GPU.
+check: setup
+	$(TRAIN_PY) python/check.py --env train $(if $(filter 1 yes true,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_train.json))
+	$(WM_PY) python/check.py --env wm $(if $(filter 1 yes true,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_wm.json))
 
 # ---- Bimanual world-model recipe (Stage 0 bidirectional, Stage 1 teacher forcing) ----------
 # Runs in .venv/wm. The bundle lives in RUN/bimanual/bundle unless OUT/DATA say otherwise.
