@@ -163,7 +163,7 @@ check: setup
 #   make bimanual-bundle [PROFILE=tiny] [OUT=dir] [DATA=libero.hdf5|folder] [EPISODES=n] [SEED=s] [OVERWRITE=1] [DRY_RUN=1]
 #   make bimanual-validate [DATA=bundle] [OUT=preview dir]     JSON, exits 1 unless passed
 #   make bimanual-materialize [DATA=bundle] [OUT=preview dir]  one packed Stage 0 batch, JSON
-#   make bimanual-train STAGE=0|1 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml]
+#   make bimanual-train STAGE=0|1 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml] [GPUS=0,1]
 #                       [SMOKE=1: 12 iterations, save at 12, own run name] [OVERRIDES="trainer.lr=1e-4"] [DRY_RUN=1]
 #       Checkpoints: RUN/bimanual/<job.name>/checkpoints/iter_*. Rerun the same command to resume.
 #   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root> [PARENT=...]   held-out next-chunk PSNR
@@ -171,6 +171,9 @@ STAGE          ?= 0
 BIMANUAL_DATA   = $(or $(DATA),$(RUN)/bimanual/bundle)
 BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/bimanual/stage$(STAGE)_*.toml)))
 BIMANUAL_ENV    = BIMANUAL_BUNDLE=$(BIMANUAL_DATA) BIMANUAL_OUTPUT_ROOT=$(RUN)/bimanual
+# GPUS=0,1,...: one process per GPU through torchrun; the trainer then uses DeepSpeed ZeRO.
+BIMANUAL_PY     = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(BIMANUAL_ENV) \
+                  $(if $(filter-out 0 1,$(NGPUS)),$(WM_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(WM_PY))
 BIMANUAL_OVR    = $(call opt,checkpoint.load_path=,$(PARENT)) $(OVERRIDES) \
                   $(if $(filter 1 yes true,$(SMOKE)),trainer.max_iter=12 checkpoint.save_iter=12 job.name=bimanual_stage$(STAGE)_smoke)
 
@@ -189,7 +192,7 @@ bimanual-materialize: setup
 
 bimanual-train: setup
 	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/bimanual/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
-	$(BIMANUAL_ENV) $(WM_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
+	$(BIMANUAL_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
 
 bimanual-eval: setup

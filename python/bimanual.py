@@ -108,7 +108,8 @@ def cmd_train(a) -> int:
         _print({"plan": f"bimanual stage {cfg.job.stage} ({cfg.mode})", **plan})
         return 0
     summary = train(cfg, progress=not a.no_progress)
-    _print(summary)
+    if summary.get("rank", 0) == 0:  # one report per run, not one per process
+        _print(summary)
     return 0
 
 

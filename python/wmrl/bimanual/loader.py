@@ -46,7 +46,8 @@ class BimanualLoader:
         self.sources = [s for s in weights if self.by_source[s]]
         p = np.array([weights[s] for s in self.sources])
         self.source_p = p / p.sum()  # renormalised over the sources present in this split
-        self.position = 0
+        self.position = 0  # samples drawn so far by all ranks together
+        self.rank, self.world = 0, 1  # set by the trainer under torch.distributed
         self._cache: OrderedDict[str, tuple] = OrderedDict()
         self._cache_size = cache
 
@@ -104,8 +105,9 @@ class BimanualLoader:
 
     def next_batch(self):
         """The next training batch as torch tensors (and advances the position)."""
-        wins = [self._draw(self.position + k) for k in range(self.batch_size)]
-        self.position += self.batch_size
+        base = self.position + self.rank * self.batch_size  # rank r takes its own slice of the step
+        wins = [self._draw(base + k) for k in range(self.batch_size)]
+        self.position += self.batch_size * self.world
         return collate([self.pack(w) for w in wins]), wins
 
     def __iter__(self) -> Iterator:

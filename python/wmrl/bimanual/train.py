@@ -48,7 +48,6 @@ from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
 
-CHECKPOINT_FILES = ("model.pt", "optim.pt", "trainer_state.pt")
 
 
 class TrainError(ValueError):
@@ -256,29 +255,63 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, meta: dict) -> Path:
-    """Write one complete iteration root atomically (temporary folder, then rename)."""
+class Dist:
+    """Rank, world size and barriers; one process without torch.distributed."""
+
+    def __init__(self, enabled: bool):
+        import torch
+
+        self.enabled = enabled and torch.distributed.is_initialized()
+        self.rank = torch.distributed.get_rank() if self.enabled else 0
+        self.world = torch.distributed.get_world_size() if self.enabled else 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            import torch
+
+            torch.distributed.barrier()
+
+    def state_file(self) -> str:
+        return "trainer_state.pt" if self.world == 1 else f"trainer_state_rank{self.rank}.pt"
+
+
+def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, meta: dict,
+              engine=None, dist: Dist | None = None) -> Path:
+    """Write one complete iteration root atomically (temporary folder, then rename).
+
+    With DeepSpeed every rank writes its ZeRO shards (``deepspeed/``) and its own RNG state;
+    rank 0 writes the full weights and EMA (``model.pt``), ``checkpoint.json`` and renames."""
     import shutil
 
     import torch
 
+    dist = dist or Dist(False)
     ck = run_dir / "checkpoints"
     final = ck / iter_name(iteration)
     tmp = ck / f".{iter_name(iteration)}.partial"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    torch.save({"net": net.state_dict(), "net_ema": ema.net.state_dict() if ema else None}, tmp / "model.pt")
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+    if dist.rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    if engine is not None:  # every rank must call it (rank-0-only saves hang)
+        engine.save_checkpoint(str(tmp), tag="deepspeed")
     torch.save({"rng": rng_state(), "loader": loader.state_dict(), "ema_copies": ema.copies if ema else 0},
-               tmp / "trainer_state.pt")
-    files = {f: sha256_file(tmp / f) for f in CHECKPOINT_FILES}
-    write_json(tmp / "checkpoint.json", {**meta, "iteration": iteration, "files": files, "complete": True})
-    if final.exists():  # a root of the same iteration from an earlier attempt: replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    with atomic_path(ck / "latest.txt") as p:
-        p.write_text(final.name + "\n")
+               tmp / dist.state_file())
+    if dist.rank == 0:
+        torch.save({"net": net.state_dict(), "net_ema": ema.net.state_dict() if ema else None}, tmp / "model.pt")
+        if engine is None:
+            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+    dist.barrier()
+    if dist.rank == 0:
+        files = {str(f.relative_to(tmp)): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        write_json(tmp / "checkpoint.json", {**meta, "iteration": iteration, "files": files, "complete": True})
+        if final.exists():  # a root of the same iteration from an earlier attempt: replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        with atomic_path(ck / "latest.txt") as p:
+            p.write_text(final.name + "\n")
+    dist.barrier()
     return final
 
 
@@ -298,6 +331,29 @@ def load_net_state(root: Path, *, use_ema: bool = False) -> dict:
 
 
 # --------------------------------------------------------------------------------- train
+def _init_deepspeed(cfg: StageConfig):
+    """torch.distributed through DeepSpeed; a plain ``python`` call becomes a world of one."""
+    import torch
+
+    if not torch.cuda.is_available():  # DeepSpeed picks its accelerator at import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    if "MASTER_PORT" not in os.environ:  # a plain one-process call: any free local port
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return deepspeed
+
+
 def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
     """Train (or resume) one stage. ``stop_after``: stop after that many iterations of this
     process without a final save (tests use it to simulate a kill)."""
@@ -310,22 +366,27 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
 
     assert _new_modules() == NEW_ACTION_MODULES
     plan = resolve(cfg)
-    if plan["parallelism"]["backend"] == "deepspeed":
-        raise TrainError("parallelism.backend=deepspeed is not wired into this trainer yet; use plain (one process)")
+    use_ds = plan["parallelism"]["backend"] == "deepspeed"
+    deepspeed = _init_deepspeed(cfg) if use_ds else None
+    dist = Dist(use_ds)
     run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
     saved_cfg = run_dir / "config.json"
     resolved = {k: v for k, v in cfg.to_dict().items() if k != "source"}
     if saved_cfg.exists():
         prev = read_json(saved_cfg, TrainError, "missing")
-        prev_cmp = {k: v for k, v in prev.items() if k not in ("trainer", "checkpoint")}
-        cur_cmp = {k: v for k, v in resolved.items() if k not in ("trainer", "checkpoint")}
+        prev_cmp = {k: v for k, v in prev.items() if k not in ("trainer", "checkpoint", "parallelism")}
+        cur_cmp = {k: v for k, v in resolved.items() if k not in ("trainer", "checkpoint", "parallelism")}
         if prev_cmp != cur_cmp:
             raise TrainError(f"{saved_cfg}: this run was started with a different config (model/data/ema/job); "
                              "rerun with the same TOML or choose a new job.name")
-    write_json(saved_cfg, resolved)
-    device = torch.device("cuda" if (cfg.trainer.device == "auto" and torch.cuda.is_available()) else
-                          ("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device))
+    dist.barrier()
+    if dist.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(saved_cfg, resolved)
+    if torch.cuda.is_available() and cfg.trainer.device == "auto":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        device = torch.device("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device)
 
     torch.manual_seed(cfg.trainer.seed)
     np.random.seed(cfg.trainer.seed)
@@ -334,25 +395,31 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     net = build_model(cfg, bundle)
     loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="train",
                                             batch_size=cfg.data.batch_size, seed=cfg.data.seed)
+    loader.rank, loader.world = dist.rank, dist.world  # each rank draws its own share of every step
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay, betas=(0.9, 0.99))
     sched = make_scheduler(opt, cfg)
     ema = EMA(net, cfg.ema.beta) if cfg.ema.enabled else None
 
     resume = plan["load"]["kind"] == "resume"
+    root = Path(plan["load"]["path"]) if resume else None
     if resume:
-        root = Path(plan["load"]["path"])
+        rmeta = read_root(root)
+        if rmeta.get("parallelism", {}).get("backend", "plain") != plan["parallelism"]["backend"] or \
+                rmeta.get("parallelism", {}).get("world_size", 1) != dist.world:
+            raise TrainError(f"{root} was saved with {rmeta.get('parallelism')}; resume with the same parallelism and "
+                             f"number of processes (now {plan['parallelism']['backend']}, {dist.world})")
         state = _torch_load(root / "model.pt")
         net.load_state_dict(state["net"], strict=True)
-        o = _torch_load(root / "optim.pt")
-        opt.load_state_dict(o["optimizer"])
-        sched.load_state_dict(o["scheduler"])
-        ts = _torch_load(root / "trainer_state.pt")
+        if not use_ds:
+            o = _torch_load(root / "optim.pt")
+            opt.load_state_dict(o["optimizer"])
+            sched.load_state_dict(o["scheduler"])
+        ts = _torch_load(root / dist.state_file())
         if ema:
             ema.net.load_state_dict(state["net_ema"], strict=True)  # restored, not re-copied
             ema.copies = ts["ema_copies"]
         loader.load_state_dict(ts["loader"])
-        set_rng_state(ts["rng"])
-        start = read_root(root)["iteration"]
+        start = rmeta["iteration"]
     else:
         lp = cfg.checkpoint.load_path
         if lp:
@@ -368,48 +435,71 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
         for k, v in st.items():
             if torch.is_tensor(v) and k != "step":
                 st[k] = v.to(device)
+    engine = None
+    if use_ds:
+        ds_config = {"train_micro_batch_size_per_gpu": cfg.data.batch_size, "gradient_accumulation_steps": 1,
+                     "gradient_clipping": cfg.trainer.grad_clip, "steps_per_print": 10**9,
+                     "zero_optimization": {"stage": cfg.parallelism.zero_stage}}
+        engine, _, _, _ = deepspeed.initialize(model=net, optimizer=opt, lr_scheduler=sched, config=ds_config)
+        if resume:  # ZeRO optimizer shards and scheduler (weights come from model.pt as well)
+            engine.load_checkpoint(str(root), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True)
+    if resume:
+        set_rng_state(ts["rng"])  # last: building the engine must not shift the random stream
 
     meta = {"kind": "stage", "stage": cfg.job.stage, "mode": cfg.mode, "run_name": cfg.job.name,
             "bundle": str(bundle.path), "bundle_fingerprint": bundle.fingerprint,
             "parent": str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else "",
+            "parallelism": {"backend": plan["parallelism"]["backend"], "world_size": dist.world,
+                            "zero_stage": cfg.parallelism.zero_stage if use_ds else None},
             "config": resolved, "kit_version": __version__, "git_commit": _git_commit(),
             "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
     log_path = run_dir / "log.jsonl"
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_iteration": start, "resumed": resume,
-                               "ema_copies": ema.copies if ema else 0}
+                               "ema_copies": ema.copies if ema else 0, "backend": plan["parallelism"]["backend"],
+                               "world_size": dist.world, "rank": dist.rank}
     if start >= cfg.trainer.max_iter:
         summary.update(final_iteration=start, iterations_run=0, checkpoint=str(latest_root(run_dir)), finished=True)
         return summary
     net.train()
     t0, losses, it = time.time(), [], start
-    bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress,
+    bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress or dist.rank != 0,
                file=sys.stderr, initial=start, total=cfg.trainer.max_iter)
     last_save = None
     for it0 in bar:
         batch = {k: v.to(device) for k, v in loader.next_batch()[0].items()}
         loss, _ = flow_loss(net, batch, cfg.mode)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.trainer.grad_clip)
-        if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
-            raise TrainError(f"iteration {it0 + 1}: non-finite loss ({float(loss)}) or gradient norm ({float(gnorm)}); "
-                             "lower trainer.lr or check the bundle (make bimanual-materialize)")
-        opt.step()
-        sched.step()
+        if not torch.isfinite(loss):
+            raise TrainError(f"iteration {it0 + 1}: non-finite loss ({float(loss)}); lower trainer.lr or check the bundle "
+                             "(make bimanual-materialize)")
+        if engine is not None:  # clipping, optimizer, scheduler and zero_grad inside step()
+            engine.backward(loss)
+            engine.step()
+            gnorm = torch.as_tensor(float(engine.get_global_grad_norm() or 0.0))
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.trainer.grad_clip)
+            if not torch.isfinite(gnorm):
+                raise TrainError(f"iteration {it0 + 1}: non-finite gradient norm; lower trainer.lr or check the bundle")
+            opt.step()
+            sched.step()
+        if not torch.isfinite(gnorm):
+            raise TrainError(f"iteration {it0 + 1}: non-finite gradient norm; lower trainer.lr or check the bundle")
         if ema:
             ema.update(net)
         it = it0 + 1
         loss = loss.detach()
         losses.append(float(loss))
-        if it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter:
+        if dist.rank == 0 and (it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter):
             rec = {"iteration": it, "loss": float(loss), "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0],
                    "it_per_s": (it - start) / max(time.time() - t0, 1e-9)}
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             bar.set_postfix(loss=f"{float(loss):.4f}")
         if it % cfg.checkpoint.save_iter == 0 or it == cfg.trainer.max_iter:
-            last_save = save_root(run_dir, it, net=net, ema=ema, opt=opt, sched=sched, loader=loader, meta=meta)
-            if cfg.checkpoint.keep_last:
+            last_save = save_root(run_dir, it, net=net, ema=ema, opt=opt, sched=sched, loader=loader, meta=meta,
+                                  engine=engine, dist=dist)
+            if cfg.checkpoint.keep_last and dist.rank == 0:
                 import shutil
 
                 for old in sorted((run_dir / "checkpoints").glob("iter_*"))[: -cfg.checkpoint.keep_last]:

@@ -172,3 +172,24 @@ def test_not_a_bundle_and_other_bundle_are_refused(stage_cfg, tmp_path, bundle_c
     (bundle_copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(TrainError, match="another bundle"):
         resolve(stage_cfg(0, "job.name=b1", f"data.bundle={bundle_copy}", "trainer.max_iter=4"))
+
+
+def test_deepspeed_zero2_resume_matches_straight_run(stage_cfg):
+    """The DeepSpeed path (ZeRO 2) in one CPU process: resume restores ZeRO optimizer and
+    scheduler shards, EMA, RNG and loader exactly."""
+    pytest.importorskip("deepspeed")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    over = ("parallelism.backend=deepspeed", "parallelism.zero_stage=2", "trainer.max_iter=4", "checkpoint.save_iter=2")
+    straight = train(stage_cfg(0, "job.name=ds_straight", *over), progress=False)
+    assert straight["backend"] == "deepspeed" and straight["finite"]
+    root = Path(straight["checkpoint"])
+    assert (root / "deepspeed").is_dir() and (root / "model.pt").is_file()
+    cfg = stage_cfg(0, "job.name=ds_killed", *over)
+    train(cfg, progress=False, stop_after=3)
+    second = train(cfg, progress=False)
+    assert second["resumed"] and second["start_iteration"] == 2 and second["ema_copies"] == 1
+    a, b = load(root, "model.pt"), load(Path(second["checkpoint"]), "model.pt")
+    assert_states_equal(a, b, "model")
+    # a plain rerun of a DeepSpeed run is refused (same parallelism to resume)
+    with pytest.raises(TrainError, match="same parallelism"):
+        train(stage_cfg(0, "job.name=ds_killed", "trainer.max_iter=6", "checkpoint.save_iter=2"), progress=False)
