@@ -54,6 +54,9 @@ help:
 	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
+	@echo "make manifest   world-model data: DATA=new trajectories REPLAY=demos/earlier cycles -> RUN/manifest.json"
+	@echo "make wm-update  train both world models with DeepSpeed (STEPS; WM_GPUS_MAIN/WM_GPUS_WRIST); rerun to resume"
+	@echo "make wm-reward  train the reward model; make package: RUN/model_pair; make wm-eval: fidelity metrics"
 	@echo "make bench      simulator throughput on this machine"
 	@echo "make lock       regenerate docker/*.lock from docker/requirements-*.in"
 	@echo "make check      environment check as JSON: Python, lock, GPUs, renderer, limits (both environments)"
@@ -133,6 +136,37 @@ offline-install:
 	@test -n "$(BUNDLE)$(filter 1 yes true,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
 	$(or $(PYTHON),python3) python/offline_bundle.py install $(call opt,--bundle,$(BUNDLE)) $(call opt,--target,$(TARGET)) \
 		$(if $(filter 1 yes true,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))
+
+# ---- World models (the cycle's steps 2-4; .venv/wm, DeepSpeed) --------------------------------
+#   make manifest RUN=r DATA=<new trajectories> [REPLAY=<demos, earlier cycles>]   RUN/manifest.json
+#   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n]   both views; WM_GPUS_MAIN / WM_GPUS_WRIST pick
+#        the GPU groups (default half and half; CPU without GPUs); HOSTFILE=f for several hosts
+#   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
+#   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
+#   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
+WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
+
+.PHONY: manifest wm-update wm-reward package wm-eval
+
+manifest: setup
+	@test -n "$(DATA)$(REPLAY)" || { echo "error: give DATA=<this cycle's trajectories> and/or REPLAY=<demonstrations, earlier cycles>"; exit 2; }
+	$(WM_PY) python/make_manifest.py --run $(RUN) $(call opt,--new,$(DATA)) $(call opt,--replay,$(REPLAY)) \
+		$(call opt,--seed,$(SEED)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+
+wm-update: setup
+	$(WM_PY) python/wm_update.py $(WM_FLAGS) $(call opt,--steps,$(STEPS)) $(call opt,--save-interval,$(SAVE_INTERVAL)) \
+		$(call opt,--hostfile,$(HOSTFILE))
+
+wm-reward: setup
+	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
+		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+
+package: setup
+	$(WM_PY) python/package_pair.py --run $(RUN) $(call opt,--out,$(OUT)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
+		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+
+wm-eval: setup
+	$(WM_PY) python/wm_eval.py --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
 
 # ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
 #   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side

@@ -14,10 +14,11 @@ Layout (robomimic/LIBERO-like, one group per episode)::
         dones                (F,)         uint8   1 at the last frame
         actions              (T, 7)       float32 every executed action, T = frame_step[-1]
 
-Frames are the chunk boundaries (images are rendered only there): frame k is the
-observation after ``frame_step[k]`` policy steps, and the actions between frame k and k+1
-are ``actions[frame_step[k]:frame_step[k+1]]``. So F frames hold T+1 observations' worth of
-chunk boundaries: main camera, wrist camera, proprio and simulator state share a frame index.
+Frame k is the observation after ``frame_step[k]`` policy steps, and the actions between
+frame k and k+1 are ``actions[frame_step[k]:frame_step[k+1]]``. Rollouts record the chunk
+boundaries only (images are rendered only there); demonstrations may record every step
+(``DemoConfig.frame_interval``), and every chunk boundary is always among the frames. Main
+camera, wrist camera, proprio and simulator state share a frame index.
 Images are gzip-compressed and chunked one frame per HDF5 chunk, so reading one frame reads
 one chunk.
 """

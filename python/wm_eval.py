@@ -1,0 +1,73 @@
+"""World-model fidelity on held-out real episodes: open-loop with the real actions.
+
+    python python/wm_eval.py --run runs/c1                    # pair RUN/model_pair, data RUN/manifest.json
+    python python/wm_eval.py --pair runs/c1/model_pair --episodes 20 --videos 4
+
+PSNR / SSIM per view after 1, 5, 10, 20 chunks, the reward model's accuracy on real and on
+imagined frames, and real-vs-imagined MP4s; written to PAIR/fidelity.json and PAIR/videos/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from wmrl import cli
+from wmrl.config import ConfigError
+
+
+def build(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default="runs/default")
+    p.add_argument("--pair", help="model pair folder (default RUN/model_pair)")
+    p.add_argument("--manifest", help="held-out episodes from this manifest's validation split (default RUN/manifest.json)")
+    p.add_argument("--episodes", type=int, default=50, help="validation episodes to imagine (at most)")
+    p.add_argument("--horizon", type=int, default=20, help="chunks per open-loop rollout")
+    p.add_argument("--videos", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    args.pair = Path(args.pair or Path(args.run) / "model_pair")
+    args.manifest = Path(args.manifest or Path(args.run) / "manifest.json")
+    for path, how in ((args.pair / "pair.json", "make package"), (args.manifest, "make manifest")):
+        if not path.is_file():
+            raise ConfigError(f"{path} not found: make it first ({how} RUN={args.run})")
+    return args
+
+
+def main(args) -> int:
+    if args.dry_run:
+        cli.print_plan("world-model fidelity", {"pair": args.pair, "manifest": args.manifest, "episodes": args.episodes,
+                                                "horizon": args.horizon, "out": args.pair / "fidelity.json"})
+        return 0
+    import torch
+
+    from wmrl.fileio import write_json
+    from wmrl.release.pair import load_pair, load_world_model
+    from wmrl.worldmodel.data import load_split
+    from wmrl.worldmodel.fidelity import metrics, open_loop, write_videos
+    from wmrl.worldmodel.reward import load_reward
+
+    pair = load_pair(args.pair)  # every hash checked before any weights load
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    main_m, s_main = load_world_model(pair.part("main"), device)
+    wrist_m, s_wrist = load_world_model(pair.part("wrist"), device)
+    reward = load_reward(pair.part("reward"))
+    _, _, val = load_split(args.manifest, main_m.cfg.chunk_size)
+    if not val:
+        raise ConfigError(f"{args.manifest} has no validation episodes; build it with --val-ratio > 0")
+    val = val[: args.episodes]
+    roll = open_loop(main_m, wrist_m, s_main, s_wrist, val, args.horizon, seed=args.seed, device=device)
+    result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
+              **metrics(roll, reward)}
+    result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
+    write_json(pair.root / "fidelity.json", result)
+    print(json.dumps({k: result[k] for k in ("horizons", "reward") if k in result}, indent=1))
+    print(f"[wm-eval] {pair.root / 'fidelity.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main(build()))

@@ -1,0 +1,108 @@
+"""World-model update: train the main-view and wrist-view models with DeepSpeed.
+
+    python python/wm_update.py --run runs/c1                     # both views, the seed's stop rule
+    python python/wm_update.py --profile tiny --run runs/t --steps 6
+    python python/wm_update.py --view wrist --run runs/c1        # one view (what the controller launches)
+    WM_GPUS_MAIN=0,1,2,3 WM_GPUS_WRIST=4,5,6,7 make wm-update RUN=runs/c1
+
+Reads RUN/manifest.json (make manifest; every file's SHA-256 is checked first), writes
+RUN/worldmodels/{main,wrist}/ (DeepSpeed checkpoints + inference weights), RUN/logs/wm_*.jsonl
+and, for both views, RUN/train/selected_world_models.json. Rerun the same command after an
+interruption: each view continues from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from wmrl import cli
+from wmrl.config import ConfigError, override
+from wmrl.worldmodel.config import VIEWS, get_wm_profile
+
+
+def build(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="default", choices=["default", "tiny"])
+    p.add_argument("--run", "--run-dir", dest="run", default="runs/default", help="run folder")
+    p.add_argument("--manifest", help="data manifest (default: RUN/manifest.json)")
+    p.add_argument("--view", choices=VIEWS, help="train this view only (default: both, with the stop rule)")
+    p.add_argument("--steps", type=int, help="target optimizer updates (the wrist model's decides for both)")
+    p.add_argument("--save-interval", type=int, help="DeepSpeed checkpoint + weights every N updates")
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--grad-accum", type=int, help="gradient accumulation (the seed's: 4)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
+    p.add_argument("--ds-config", help="DeepSpeed JSON (ZeRO stage, precision); default data/worldmodel/ds_{cpu,gpu}.json")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--gpus-main", default=os.environ.get("WM_GPUS_MAIN"), help="GPU group of the main model (WM_GPUS_MAIN)")
+    p.add_argument("--gpus-wrist", default=os.environ.get("WM_GPUS_WRIST"), help="GPU group of the wrist model (WM_GPUS_WRIST)")
+    p.add_argument("--hostfile", help="DeepSpeed hostfile for several hosts")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # the DeepSpeed launcher adds it
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    prof = get_wm_profile(args.profile)
+    train = override(prof.train, steps=args.steps, save_interval=args.save_interval, micro_batch=args.micro_batch,
+                     grad_accum=args.grad_accum, lr=args.lr)
+    manifest = Path(args.manifest or Path(args.run) / "manifest.json")
+    if not manifest.is_file():
+        raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}` "
+                          "(python python/make_manifest.py --new ... --replay ...)")
+    if args.ds_config and not Path(args.ds_config).is_file():
+        raise ConfigError(f"--ds-config {args.ds_config}: no such file (examples in data/worldmodel/)")
+    return args, prof, train, manifest
+
+
+def _passthrough(args) -> list[str]:
+    out = ["--profile", args.profile, "--run", args.run, "--manifest", str(args.manifest or Path(args.run) / "manifest.json")]
+    for flag, val in (("--steps", args.steps), ("--save-interval", args.save_interval), ("--micro-batch", args.micro_batch),
+                      ("--grad-accum", args.grad_accum), ("--lr", args.lr), ("--ds-config", args.ds_config)):
+        if val is not None:
+            out += [flag, str(val)]
+    if args.no_progress:
+        out.append("--no-progress")
+    return out
+
+
+def main(args, prof, train, manifest) -> int:
+    if args.view:
+        from wmrl.worldmodel.train import WMJob, main as train_main
+
+        job = WMJob(view=args.view, run=Path(args.run), manifest=manifest, model=prof.model(args.view), train=train,
+                    profile=prof.name, device=args.device, ds_config=args.ds_config, stop_after=args.stop_after,
+                    progress=not args.no_progress)
+        if args.dry_run:
+            cli.print_plan(f"world model update ({args.view})", {"manifest": manifest, "model": job.model, "train": train})
+            return 0
+        result = train_main(job)
+        print(f"[wm {args.view}] step {result['step']} ({result['reason']}), {result['samples_per_s']} samples/s: "
+              f"{result['weights']}")
+        return 0
+
+    from wmrl.worldmodel.update import ViewLaunch, gpu_groups, run_update
+
+    visible = 0
+    if args.device != "cpu":
+        import torch
+
+        visible = torch.cuda.device_count()
+        if args.device == "cuda" and visible == 0:
+            raise ConfigError("--device cuda: no GPU is visible")
+    g_main, g_wrist = gpu_groups(visible, args.gpus_main, args.gpus_wrist)
+    base = int(os.environ.get("MASTER_PORT", "29600"))
+    launches = [ViewLaunch("main", g_main, base, _passthrough(args)), ViewLaunch("wrist", g_wrist, base + 1, _passthrough(args))]
+    if args.dry_run:
+        cli.print_plan("world model update (both views)", {
+            "manifest": manifest, "train": train, "stop_rule": "wrist to its target, then main after its next update",
+            **{f"{v.view}_command": " ".join(v.command(args.hostfile)) for v in launches}})
+        return 0
+    run_update(args.run, *launches, hostfile=args.hostfile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    cli.run(lambda: main(*build()))

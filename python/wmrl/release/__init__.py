@@ -1,0 +1,1 @@
+"""Release artefacts: model pairs (two world models + reward model + initial observations)."""

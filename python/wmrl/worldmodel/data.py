@@ -1,0 +1,167 @@
+"""World-model training data: chunk-to-chunk transitions from HDF5 trajectories.
+
+A trajectory may hold frames at every step (demonstrations) or at chunk boundaries only
+(rollouts); the world models work at chunk boundaries, so only frames whose ``frame_step``
+is a multiple of the chunk size are used. A *transition* is (context frames ending at
+boundary k, the chunk's actions, proprio at k) -> (frame and proprio at boundary k + 1).
+History before the first frame repeats the first frame (the policy starts there too).
+
+Frames are decoded once into uint8 tensors; a batch gathers rows. The split into training
+and validation episodes, and the mixing of new and replay data, come from the manifest
+(``wmrl.data.manifest``): each batch draws a sample from the new data with probability
+``new_ratio`` and from the replay data otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wmrl.data.trajectory import TrajectoryError
+
+
+def boundary_frames(frame_step: np.ndarray, chunk: int) -> np.ndarray:
+    """Indices of the frames at chunk boundaries (step 0, chunk, 2 chunk, ...), in order."""
+    idx = np.nonzero(frame_step % chunk == 0)[0]
+    steps = frame_step[idx]
+    if len(idx) == 0 or steps[0] != 0 or np.any(np.diff(steps) != chunk):
+        raise TrajectoryError(f"frames at chunk boundaries are missing (steps {steps[:6].tolist()}...); "
+                              f"the world models need a frame every {chunk} steps from step 0")
+    return idx
+
+
+@dataclass
+class Episode:
+    main: np.ndarray  # (N, H, W, 3) uint8 at chunk boundaries
+    wrist: np.ndarray
+    proprio: np.ndarray  # (N, P)
+    actions: np.ndarray  # (N - 1, chunk, A): the chunk executed after boundary k
+    success: np.ndarray  # (N,) the goal holds at boundary k
+    source: str  # "new" or "replay"
+    key: str  # "file:demo_i"
+    task: int = -1
+    instruction: str = ""
+
+
+def read_episode(group, chunk: int, source: str, key: str) -> Episode | None:
+    fs = group["frame_step"][()].astype(np.int64)
+    idx = boundary_frames(fs, chunk)
+    actions = group["actions"][()].astype(np.float32)
+    n = int(min(len(idx), len(actions) // chunk + 1))  # a last, shorter chunk has no boundary after it
+    if n < 2:
+        return None
+    idx = idx[:n]
+    obs = group["obs"]
+    return Episode(
+        main=obs["agentview_rgb"][()][idx], wrist=obs["eye_in_hand_rgb"][()][idx],
+        proprio=obs["proprio"][()][idx].astype(np.float32),
+        actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
+        success=group["rewards"][()][idx] > 0, source=source, key=key,
+        task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")))
+
+
+def load_split(manifest_path, chunk: int, verify: bool = True) -> tuple[dict, list[Episode], list[Episode]]:
+    """The manifest (every file's hash checked first) and its training / validation episodes."""
+    import h5py
+
+    from wmrl.data.manifest import load_manifest
+
+    manifest, files = load_manifest(manifest_path, verify=verify)
+    train, val = [], []
+    for f in files:
+        with h5py.File(f.path, "r") as h:
+            for i in range(f.episodes):
+                ep = read_episode(h["data"][f"demo_{i}"], chunk, f.source, f"{f.path.name}:demo_{i}")
+                if ep is not None:
+                    (val if i in f.val_episodes else train).append(ep)
+    return manifest, train, val
+
+
+class Transitions:
+    """All transitions of a list of episodes, as tensors (on ``device``)."""
+
+    def __init__(self, episodes: list[Episode], context: int, device="cpu"):
+        import torch
+
+        if not episodes:
+            raise TrajectoryError("no episodes with at least one full chunk")
+        offsets = np.cumsum([0] + [len(e.proprio) for e in episodes])
+        cat = lambda xs: torch.from_numpy(np.concatenate(xs)).to(device)  # noqa: E731
+        self.main, self.wrist = cat([e.main for e in episodes]), cat([e.wrist for e in episodes])
+        self.proprio = cat([e.proprio for e in episodes])
+        self.success = cat([e.success for e in episodes])
+        ctx, nxt, acts, src = [], [], [], []
+        for e, off in zip(episodes, offsets):
+            for k in range(len(e.actions)):
+                ctx.append([off + max(0, k - j) for j in range(context - 1, -1, -1)])  # oldest first
+                nxt.append(off + k + 1)
+                src.append(e.source == "new")
+            acts.append(e.actions)
+        self.context = torch.tensor(ctx, dtype=torch.long, device=device)  # (S, context) frame rows
+        self.next = torch.tensor(nxt, dtype=torch.long, device=device)
+        self.actions = cat(acts)  # (S, chunk, A)
+        self.is_new = torch.tensor(src, dtype=torch.bool, device=device)
+        self.image_size = int(self.main.shape[1])
+
+    @property
+    def size(self) -> int:
+        return int(self.next.shape[0])
+
+    def batch(self, idx, view: str, condition_on_main: bool, norm) -> dict:
+        """Model inputs for transitions ``idx``: frames in [-1, 1], normalised proprio."""
+        from wmrl.worldmodel.model import images_to_unit
+
+        images = self.main if view == "main" else self.wrist
+        ctx = self.context[idx]
+        frames = images_to_unit(images[ctx])  # (B, context, 3, H, W)
+        if condition_on_main:
+            frames = torch_cat(frames, images_to_unit(self.main[ctx[:, -1]])[:, None])
+        p = (self.proprio - norm["mean"]) / norm["std"]
+        return {"frames": frames, "target": images_to_unit(images[self.next[idx]]), "actions": self.actions[idx],
+                "proprio": p[ctx[:, -1]], "next_proprio": p[self.next[idx]]}
+
+
+def torch_cat(a, b):
+    import torch
+
+    return torch.cat([a, b], dim=1)
+
+
+class MixedSampler:
+    """Seeded draws that take a new-data transition with probability ``new_ratio`` (the
+    seed's 0.5) and a replay one otherwise; falls back to whichever exists. The state is
+    the number of batches drawn, so a resumed run draws the same batches."""
+
+    def __init__(self, is_new, new_ratio: float, seed: int):
+        import torch
+
+        self.new = torch.nonzero(is_new.cpu()).flatten()
+        self.old = torch.nonzero(~is_new.cpu()).flatten()
+        self.ratio = new_ratio if len(self.new) and len(self.old) else (1.0 if len(self.new) else 0.0)
+        self.seed, self.drawn = seed, 0
+
+    def next(self, batch: int):
+        import torch
+
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.drawn)
+        self.drawn += 1
+        take_new = torch.rand(batch, generator=g) < self.ratio
+        pick = lambda pool: pool[torch.randint(len(pool), (batch,), generator=g)] if len(pool) else None  # noqa: E731
+        a, b = pick(self.new), pick(self.old)
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return torch.where(take_new, a, b)
+
+    def state_dict(self) -> dict:
+        return {"drawn": self.drawn, "seed": self.seed}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.drawn = int(s["drawn"])
+
+
+def proprio_stats(t: Transitions) -> dict:
+    p = t.proprio.float()
+    return {"mean": p.mean(0), "std": p.std(0).clamp_min(1e-3)}

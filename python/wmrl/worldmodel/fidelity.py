@@ -1,0 +1,137 @@
+"""How faithful are the world models? Open-loop rollouts with the real actions.
+
+For held-out real episodes (the manifest's validation split), start from the real first
+frames and feed the episode's real action chunks: the main model imagines the main view,
+the wrist model the wrist view (seeing the imagined main view), each from its own imagined
+history and the predicted proprio. Compared with the real frames at the same chunk:
+
+* PSNR and SSIM per view after 1, 5, 10, 20 chunks (episodes that are long enough);
+* the reward model's accuracy on the real frames and on the imagined ones (agreement with
+  the simulator's per-frame success);
+* a video per episode: real | imagined, main view then wrist view.
+
+Results go to ``fidelity.json`` next to ``pair.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HORIZONS = (1, 5, 10, 20)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-image PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
+    mse = ((a - b) ** 2).flatten(1).mean(1).clamp_min(1e-10)
+    return 10 * torch.log10(4.0 / mse)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    """Per-image SSIM (Wang et al. 2004: Gaussian window 11, sigma 1.5, K1 0.01, K2 0.03),
+    averaged over channels; images (B, C, H, W) in [-1, 1] are mapped to [0, 1]."""
+    a, b = (a + 1) / 2, (b + 1) / 2
+    c = a.shape[1]
+    x = torch.arange(window, dtype=a.dtype, device=a.device) - window // 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    k = (g[:, None] * g[None, :]).expand(c, 1, window, window)
+    f = lambda z: F.conv2d(z, k, groups=c)  # noqa: E731  ("valid" windows, as the reference)
+    mu_a, mu_b = f(a), f(b)
+    var_a, var_b, cov = f(a * a) - mu_a**2, f(b * b) - mu_b**2, f(a * b) - mu_a * mu_b
+    c1, c2 = 0.01**2, 0.03**2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+    return s.flatten(1).mean(1)
+
+
+@torch.no_grad()
+def open_loop(main_model, wrist_model, stats_main, stats_wrist, episodes, horizon: int, seed: int = 0,
+              device="cpu") -> dict:
+    """Imagine every episode with its real actions; returns real and imagined frames per step.
+
+    Episodes run as one batch; those shorter than ``horizon`` chunks simply stop contributing.
+    Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1)."""
+    from wmrl.worldmodel.model import images_to_unit
+
+    e = len(episodes)
+    steps = min(horizon, max(len(ep.actions) for ep in episodes))
+    real = {v: torch.stack([images_to_unit(torch.from_numpy(_pad(getattr(ep, v), steps + 1))) for ep in episodes])
+            for v in ("main", "wrist")}
+    acts = torch.stack([torch.from_numpy(_pad(ep.actions, steps)) for ep in episodes]).to(device)
+    valid = torch.tensor([[t <= len(ep.actions) for t in range(steps + 1)] for ep in episodes])
+    p0 = torch.stack([torch.from_numpy(ep.proprio[0]) for ep in episodes]).to(device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    imagined = {v: [real[v][:, 0].to(device)] for v in ("main", "wrist")}
+    prop = {"main": (p0 - stats_main["mean"]) / stats_main["std"], "wrist": (p0 - stats_wrist["mean"]) / stats_wrist["std"]}
+    for t in range(steps):
+        frames = {}
+        for v, model in (("main", main_model), ("wrist", wrist_model)):
+            hist = imagined[v][-model.cfg.context:]
+            hist = [hist[0]] * (model.cfg.context - len(hist)) + hist  # repeat the first frame, as in training
+            x = torch.stack(hist, dim=1)
+            if model.cfg.condition_on_main:
+                x = torch.cat([x, imagined["main"][-1][:, None]], dim=1)  # the imagined main view, now
+            frames[v], prop[v] = model.generate(x, acts[:, t], prop[v], generator=g)
+        for v in ("main", "wrist"):
+            imagined[v].append(frames[v])
+    return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
+            "valid": valid, "success": [torch.from_numpy(_pad(ep.success, steps + 1)) for ep in episodes], "steps": steps,
+            "episodes": e}
+
+
+def _pad(x: np.ndarray, n: int) -> np.ndarray:
+    """First n rows, repeating the last where the episode is shorter (masked by ``valid``)."""
+    if len(x) >= n:
+        return x[:n]
+    return np.concatenate([x, np.repeat(x[-1:], n - len(x), axis=0)])
+
+
+def metrics(roll: dict, reward=None) -> dict:
+    out = {"episodes": roll["episodes"], "horizons": {}}
+    for h in HORIZONS:
+        if h > roll["steps"]:
+            continue
+        ok = roll["valid"][:, h]
+        if not ok.any():
+            continue
+        row = {"episodes": int(ok.sum())}
+        for v in ("main", "wrist"):
+            a, b = roll["imagined"][v][ok, h], roll["real"][v][ok, h]
+            row[f"psnr_{v}"] = round(float(psnr(a, b).mean()), 2)
+            row[f"ssim_{v}"] = round(float(ssim(a, b).mean()), 4)
+        out["horizons"][str(h)] = row
+    if reward is not None:
+        valid = roll["valid"]
+        labels = torch.stack(roll["success"])[valid]
+        real = roll["real"]["main"][valid]
+        imag = roll["imagined"]["main"][valid]
+        pr = torch.cat([reward.success(real[i:i + 256]) for i in range(0, len(real), 256)])
+        pi = torch.cat([reward.success(imag[i:i + 256]) for i in range(0, len(imag), 256)])
+        out["reward"] = {"frames": int(len(labels)), "success_frames": int(labels.sum()),
+                         "accuracy_real": round(float((pr == labels).float().mean()), 4),
+                         "accuracy_imagined": round(float((pi == labels).float().mean()), 4),
+                         "real_vs_imagined_agreement": round(float((pi == pr).float().mean()), 4)}
+    return out
+
+
+def write_videos(roll: dict, out_dir: Path, count: int, fps: int = 4) -> list[str]:
+    """real | imagined (main), real | imagined (wrist), one MP4 per episode."""
+    import imageio.v2 as imageio
+
+    from wmrl.worldmodel.model import unit_to_images
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(min(count, roll["episodes"])):
+        n = int(roll["valid"][i].sum())
+        rows = [torch.cat([roll["real"][v][i, :n], roll["imagined"][v][i, :n]], dim=-1) for v in ("main", "wrist")]
+        video = unit_to_images(torch.cat(rows, dim=-1)).numpy()  # (T, H, 4W, 3)
+        path = out_dir / f"episode_{i:02d}_real_vs_imagined.mp4"
+        tmp = path.with_name(path.stem + ".partial.mp4")
+        imageio.mimwrite(tmp, list(video), fps=fps, macro_block_size=1)
+        tmp.replace(path)
+        paths.append(str(path))
+    return paths

@@ -1,0 +1,198 @@
+"""``FrameWorldModel``: an action-conditioned next-frame generator for one camera view.
+
+Given the last ``context`` frames of a view (one chunk apart, the current one last), the 8
+actions of the chunk and the proprio, it generates that view's frame at the end of the chunk
+and predicts the proprio there::
+
+    noisy next frame (3 ch) ++ context frames (3 x context ch) [++ main view's frame]
+        --> U-Net with adaptive GroupNorm, conditioned on (noise level, actions, proprio)
+        --> denoised next frame            (EDM preconditioning, DIAMOND's recipe)
+    proprio, actions --> MLP --> next proprio (normalised delta)
+
+Images live in [-1, 1] (uint8 / 127.5 - 1). EDM (Karras et al. 2022): the network F is
+wrapped as ``D(x; sigma) = c_skip x + c_out F(c_in x; c_noise)``, trained on log-normal noise
+levels with the loss weighted to unit variance, sampled with a few Euler steps on the
+Karras schedule (DIAMOND shows 3 steps suffice for next-frame prediction, where the context
+pins the answer down). Every sample in a batch is independent, so many imagined rollouts
+run as one batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wmrl.worldmodel.config import WorldModelConfig
+
+
+def images_to_unit(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (..., H, W, 3) -> float (..., 3, H, W) in [-1, 1]."""
+    return x.movedim(-1, -3).float() / 127.5 - 1.0
+
+
+def unit_to_images(x: torch.Tensor) -> torch.Tensor:
+    """float (..., 3, H, W) in [-1, 1] -> uint8 (..., H, W, 3)."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(-3, -1)
+
+
+class FourierFeatures(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("w", torch.randn(1, dim // 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = 2 * math.pi * x[:, None] * self.w
+        return torch.cat([f.cos(), f.sin()], dim=-1)
+
+
+class AdaGroupNorm(nn.Module):
+    """GroupNorm whose scale and shift come from the conditioning vector."""
+
+    def __init__(self, channels: int, cond_dim: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(min(8, channels), channels, affine=False)
+        self.to_ss = nn.Linear(cond_dim, 2 * channels)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.to_ss(cond)[:, :, None, None].chunk(2, dim=1)
+        return self.norm(x) * (1 + scale) + shift
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, cond_dim: int):
+        super().__init__()
+        self.n1 = AdaGroupNorm(cin, cond_dim)
+        self.c1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.n2 = AdaGroupNorm(cout, cond_dim)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1)
+        nn.init.zeros_(self.c2.weight)
+        nn.init.zeros_(self.c2.bias)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.c1(F.silu(self.n1(x, cond)))
+        h = self.c2(F.silu(self.n2(h, cond)))
+        return self.skip(x) + h
+
+
+class UNet(nn.Module):
+    def __init__(self, cin: int, cout: int, channels: tuple[int, ...], blocks: int, cond_dim: int):
+        super().__init__()
+        self.stem = nn.Conv2d(cin, channels[0], 3, padding=1)
+        self.down, self.up = nn.ModuleList(), nn.ModuleList()
+        widths = [channels[0]]
+        c = channels[0]
+        for i, w in enumerate(channels):
+            level = nn.ModuleList()
+            for _ in range(blocks):
+                level.append(ResBlock(c, w, cond_dim))
+                c = w
+                widths.append(c)
+            self.down.append(level)
+            if i < len(channels) - 1:
+                self.down.append(nn.ModuleList([nn.Conv2d(c, c, 3, stride=2, padding=1)]))
+                widths.append(c)
+        self.mid = nn.ModuleList([ResBlock(c, c, cond_dim), ResBlock(c, c, cond_dim)])
+        for i, w in reversed(list(enumerate(channels))):
+            level = nn.ModuleList()
+            for _ in range(blocks + 1):
+                level.append(ResBlock(c + widths.pop(), w, cond_dim))
+                c = w
+            self.up.append(level)
+            if i > 0:
+                self.up.append(nn.ModuleList([nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(c, c, 3, padding=1)]))
+        self.out_norm = nn.GroupNorm(min(8, c), c)
+        self.out = nn.Conv2d(c, cout, 3, padding=1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        skips = [h]
+        for level in self.down:
+            for m in level:
+                h = m(h, cond) if isinstance(m, ResBlock) else m(h)
+                skips.append(h)
+        for m in self.mid:
+            h = m(h, cond)
+        for level in self.up:
+            if isinstance(level[0], ResBlock):
+                for m in level:
+                    h = m(torch.cat([h, skips.pop()], dim=1), cond)
+            else:
+                for m in level:
+                    h = m(h)
+        return self.out(F.silu(self.out_norm(h)))
+
+
+class FrameWorldModel(nn.Module):
+    def __init__(self, cfg: WorldModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        c = cfg.cond_dim
+        act = cfg.chunk_size * cfg.action_dim
+        self.noise_emb = nn.Sequential(FourierFeatures(c), nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
+        self.act_emb = nn.Sequential(nn.Linear(act + cfg.proprio_dim, c), nn.SiLU(), nn.Linear(c, c))
+        self.unet = UNet(3 * (1 + cfg.input_frames), 3, cfg.channels, cfg.blocks_per_level, c)
+        h = cfg.proprio_hidden
+        self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
+                                          nn.Linear(h, cfg.proprio_dim))
+
+    # --------------------------------------------------------------------------- EDM pieces
+    def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
+                proprio: torch.Tensor) -> torch.Tensor:
+        """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
+        noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
+        actions (B, chunk, A) in [-1, 1]; proprio (B, P) normalised."""
+        sd = self.cfg.sigma_data
+        s = sigma[:, None, None, None]
+        c_in = 1 / torch.sqrt(s**2 + sd**2)
+        c_skip = sd**2 / (s**2 + sd**2)
+        c_out = s * sd / torch.sqrt(s**2 + sd**2)
+        c_noise = torch.log(sigma) / 4
+        cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1))
+        x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
+        return c_skip * noisy + c_out * self.unet(x, cond)
+
+    def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """Normalised proprio after the chunk (a residual on the current one)."""
+        return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1))
+
+    def loss(self, target: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
+             next_proprio: torch.Tensor, proprio_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+        """EDM denoising loss on the next frame + MSE on the next proprio."""
+        cfg = self.cfg
+        b = target.shape[0]
+        sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
+        noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
+        denoised = self.denoise(noisy, sigma, frames, actions, proprio)
+        weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2
+        frame_loss = (weight[:, None, None, None] * (denoised - target) ** 2).mean()
+        proprio_loss = F.mse_loss(self.next_proprio(actions, proprio), next_proprio)
+        total = frame_loss + proprio_weight * proprio_loss
+        return total, {"frame_loss": frame_loss.detach(), "proprio_loss": proprio_loss.detach()}
+
+    def sigmas(self, steps: int, device) -> torch.Tensor:
+        """Karras schedule sigma_max .. sigma_min, then 0."""
+        cfg = self.cfg
+        i = torch.arange(steps, device=device, dtype=torch.float32) / max(steps - 1, 1)
+        lo, hi = cfg.sigma_min ** (1 / cfg.rho), cfg.sigma_max ** (1 / cfg.rho)
+        s = (hi + i * (lo - hi)) ** cfg.rho
+        return torch.cat([s, s.new_zeros(1)])
+
+    @torch.no_grad()
+    def generate(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
+                 steps: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next frame (B, 3, H, W) in [-1, 1] and next proprio (normalised), Euler sampling."""
+        steps = steps or self.cfg.sample_steps
+        b, _, _, h, w = frames.shape
+        sig = self.sigmas(steps, frames.device)
+        noise = torch.randn((b, 3, h, w), generator=generator, device=generator.device if generator else frames.device)
+        x = noise.to(frames.device) * sig[0]
+        for i in range(steps):
+            d = self.denoise(x, sig[i].expand(b), frames, actions, proprio)
+            x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
+        return x.clamp(-1, 1), self.next_proprio(actions, proprio)

@@ -1,0 +1,138 @@
+"""The reward model: does the goal hold in this (main-view) frame? Frozen during GRPO.
+
+GRPO scores imagined rollouts with it, so it must judge *generated* frames: it trains on
+real frames (labels: the simulator's per-frame success, ``rewards`` in the trajectory
+files) made to look generated - blurred and noised at random - so that the world model's
+softness does not read as failure. Success frames are rare (an episode ends soon after
+success), so batches are drawn half positive, half negative. The decision threshold is
+calibrated on the validation episodes (the one with the best balanced accuracy) and stored
+with the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wmrl.fileio import sha256_file, write_json
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    channels: tuple[int, ...] = (32, 64, 128, 128)
+    steps: int = 1500
+    batch: int = 64
+    lr: float = 1e-3
+    blur_prob: float = 0.5  # "generated-style" augmentation
+    noise_std: float = 0.05
+    seed: int = 0
+
+
+TINY_REWARD = RewardConfig(channels=(8, 16), steps=20, batch=16, lr=3e-3)
+
+
+class RewardModel(nn.Module):
+    def __init__(self, cfg: RewardConfig):
+        super().__init__()
+        layers, cin = [], 3
+        for c in cfg.channels:
+            layers += [nn.Conv2d(cin, c, 3, stride=2, padding=1), nn.GroupNorm(min(8, c), c), nn.SiLU()]
+            cin = c
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, 1)
+        self.cfg = cfg
+        self.register_buffer("threshold", torch.tensor(0.5))
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        """frames (B, 3, H, W) in [-1, 1] -> success logits (B,)."""
+        return self.head(self.features(frames).mean(dim=(2, 3))).squeeze(-1)
+
+    @torch.no_grad()
+    def success(self, frames: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self(frames)) >= self.threshold
+
+
+def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> torch.Tensor:
+    """Random blur (a 3x3 box, as a few-step generator's softness) and pixel noise."""
+    blur = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    pick = (torch.rand(x.shape[0], 1, 1, 1, generator=g) < cfg.blur_prob).to(x.dtype)
+    x = pick * blur + (1 - pick) * x
+    return (x + cfg.noise_std * torch.randn(x.shape, generator=g)).clamp(-1, 1)
+
+
+def calibrate(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """The threshold with the best balanced accuracy, and that accuracy."""
+    best = (0.5, -1.0)
+    for th in torch.linspace(0.05, 0.95, 19):
+        pred = probs >= th
+        tpr = (pred & labels).sum() / labels.sum().clamp_min(1)
+        tnr = (~pred & ~labels).sum() / (~labels).sum().clamp_min(1)
+        bal = float((tpr + tnr) / 2)
+        if bal > best[1]:
+            best = (float(th), bal)
+    return best
+
+
+def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,
+                 val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True) -> dict:
+    """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from wmrl.fileio import atomic_path
+    from wmrl.worldmodel.model import images_to_unit
+
+    pos, neg = torch.nonzero(train_labels).flatten(), torch.nonzero(~train_labels).flatten()
+    if len(pos) == 0 or len(neg) == 0:
+        raise ValueError(f"the reward model needs success and failure frames; the training episodes have {len(pos)} "
+                         f"success and {len(neg)} other frames (include successful and failed episodes)")
+    torch.manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)
+    model = RewardModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
+    t0 = time.perf_counter()
+    for _ in tqdm(range(cfg.steps), desc="reward model", disable=not progress):
+        half = cfg.batch // 2
+        idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g)],
+                         neg[torch.randint(len(neg), (cfg.batch - half,), generator=g)]])
+        x = generated_style(images_to_unit(train_frames[idx]), cfg, g)
+        loss = F.binary_cross_entropy_with_logits(model(x), train_labels[idx].float())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        probs = torch.cat([torch.sigmoid(model(images_to_unit(val_frames[i:i + 256])))
+                           for i in range(0, len(val_frames), 256)]) if len(val_frames) else torch.zeros(0)
+    if len(val_frames) and val_labels.any() and (~val_labels).any():
+        threshold, bal_acc = calibrate(probs, val_labels)
+    else:
+        threshold, bal_acc = 0.5, None  # nothing to calibrate on: say so in the config
+    model.threshold.fill_(threshold)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    meta = {"format": "wmrl-reward/1", "config": asdict(cfg), "threshold": threshold,
+            "val_balanced_accuracy": bal_acc, "val_frames": len(val_frames), "train_frames": len(train_frames),
+            "train_success_frames": int(len(pos)), "final_loss": float(loss), "wall_s": round(time.perf_counter() - t0, 1),
+            **lineage, "model_sha256": sha256_file(out / "model.safetensors")}
+    write_json(out / "config.json", meta)
+    return meta
+
+
+def load_reward(folder: str | Path) -> RewardModel:
+    from safetensors.torch import load_file
+
+    meta = json.loads((Path(folder) / "config.json").read_text())
+    c = meta["config"]
+    model = RewardModel(RewardConfig(**{**c, "channels": tuple(c["channels"])}))
+    model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
+    return model.eval()

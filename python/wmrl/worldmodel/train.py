@@ -1,0 +1,277 @@
+"""Train one world model (one view) with DeepSpeed: ``python python/wm_update.py --view main``.
+
+Read top to bottom: check inputs (manifest hashes) -> decode transitions -> DeepSpeed engine
+from the JSON config (ZeRO stage and precision there; micro batch, accumulation 4, learning
+rate, clipping and schedule filled in from ``WMTrainConfig``) -> resume from the newest
+DeepSpeed checkpoint if there is one -> loop over optimizer updates -> save every
+``save_interval`` updates and at the end.
+
+Files (``V`` = main or wrist), all under ``RUN/worldmodels/V/``:
+
+* ``deepspeed/global_stepN/``  DeepSpeed's checkpoint, written by every rank, with client
+  state: step, data position, RNG states, config name, git commit, manifest hash;
+* ``global_step_N/``           the weights for inference: ``model.safetensors``,
+  ``config.json`` (model config, proprio statistics, lineage);
+* ``status.json``              step, target, whether it finished or stopped on request;
+* ``STOP``                     written by the controller: save after the next complete
+  optimizer update and stop (the seed's stop rule for the main model).
+
+Logs: ``RUN/logs/wm_V.jsonl`` (loss, frame/proprio loss, lr, samples/s, validation).
+Rerunning the same command continues from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from wmrl.fileio import sha256_file, write_json
+from wmrl.worldmodel.config import WMTrainConfig, WorldModelConfig
+
+STOP_FILE = "STOP"
+
+
+def view_dir(run: str | os.PathLike, view: str) -> Path:
+    return Path(run) / "worldmodels" / view
+
+
+@dataclass
+class WMJob:
+    view: str
+    run: Path
+    manifest: Path
+    model: WorldModelConfig
+    train: WMTrainConfig
+    profile: str = "default"
+    device: str = "auto"  # auto | cpu | cuda
+    ds_config: str | None = None  # default: the train config's CPU or GPU file
+    stop_after: int | None = None  # stop here with a checkpoint (the schedule still targets train.steps)
+    progress: bool = True
+
+
+def _ds_config(job: WMJob, on_gpu: bool, world: int) -> dict:
+    t = job.train
+    path = Path(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu))
+    from wmrl.fileio import read_json
+
+    cfg = read_json(path, ValueError, "give a DeepSpeed JSON config with --ds-config (see data/worldmodel/)")
+    cfg.setdefault("train_micro_batch_size_per_gpu", t.micro_batch)
+    cfg.setdefault("gradient_accumulation_steps", t.grad_accum)
+    cfg.setdefault("gradient_clipping", t.grad_clip)
+    cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": t.lr, "weight_decay": t.weight_decay,
+                                                             "betas": [0.9, 0.999], "torch_adam": True}})
+    cfg.setdefault("scheduler", {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": t.steps, "warmup_num_steps": t.warmup, "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}})
+    if not on_gpu and (cfg.get("bf16", {}).get("enabled") or cfg.get("fp16", {}).get("enabled")):
+        raise ValueError(f"{path} enables bf16/fp16, which DeepSpeed's CPU path does not train; "
+                         f"use {t.ds_config_cpu} on a machine without GPUs")
+    cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * world
+    return cfg
+
+
+class Objective(torch.nn.Module):
+    """Wraps the model so DeepSpeed's forward returns the loss (inputs cast to its dtype)."""
+
+    def __init__(self, model, proprio_weight: float):
+        super().__init__()
+        self.model, self.proprio_weight = model, proprio_weight
+
+    def forward(self, frames, target, actions, proprio, next_proprio):
+        dt = next(self.model.parameters()).dtype
+        total, parts = self.model.loss(target.to(dt), frames.to(dt), actions.to(dt), proprio.to(dt),
+                                       next_proprio.to(dt), self.proprio_weight)
+        return total.float(), parts
+
+
+def _load_data(job: WMJob, device):
+    """Manifest (hashes verified first) -> training and validation transitions."""
+    from wmrl.worldmodel.data import Transitions, load_split
+
+    manifest, train, val = load_split(job.manifest, job.model.chunk_size)
+    size = {e.main.shape[1] for e in train + val}
+    if size != {job.model.image_size}:
+        raise ValueError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
+                         f"{job.model.image_size} px: collect at that size or pick the matching --profile")
+    tr = Transitions(train, job.model.context, device)
+    va = Transitions(val, job.model.context, device) if val else None
+    return manifest, tr, va
+
+
+def _rng_state() -> dict:
+    import random
+
+    import numpy as np
+    import torch
+
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def _set_rng_state(s: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def export_weights(engine, out: Path, meta: dict, is_rank0: bool) -> None:
+    """Inference weights (float32 safetensors) + config.json, atomically, by rank 0."""
+    from safetensors.torch import save_file
+
+    from wmrl.fileio import atomic_path
+
+    if engine.zero_optimization_stage() == 3:
+        state = engine._zero3_consolidated_16bit_state_dict()  # every rank takes part
+    else:
+        state = engine.module.model.state_dict()
+    if not is_rank0:
+        return
+    state = {k.removeprefix("model."): v.detach().float().cpu().contiguous() for k, v in state.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp))
+    write_json(out / "config.json", {**meta, "model_sha256": sha256_file(out / "model.safetensors")})
+
+
+def main(job: WMJob) -> dict:
+    import deepspeed
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    from wmrl.lineage import git_commit
+    from wmrl.worldmodel.data import MixedSampler, proprio_stats
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    on_gpu = job.device == "cuda" or (job.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    out = view_dir(job.run, job.view)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
+    if "RANK" not in os.environ:  # a plain `python` process: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + (os.getpid() % 1000))))
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = job.train
+    torch.manual_seed(t.seed + rank)
+
+    model = FrameWorldModel(job.model)
+    ds_cfg = _ds_config(job, on_gpu, world)
+    engine, _, _, _ = deepspeed.initialize(model=Objective(model, t.proprio_loss_weight),
+                                           model_parameters=model.parameters(), config=ds_cfg)
+    stats = proprio_stats(train)
+    stats = {k: v.to(device) for k, v in stats.items()}
+    sampler = MixedSampler(train.is_new, manifest["new_ratio"], seed=t.seed * 1000 + rank)
+    ckpt_dir = out / "deepspeed"
+    manifest_sha = sha256_file(job.manifest)
+
+    # ---- resume
+    step = 0
+    if (ckpt_dir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckpt_dir))
+        if client.get("manifest_sha256") != manifest_sha:
+            raise ValueError(f"{ckpt_dir} was trained on another manifest; use a new RUN or remove that folder")
+        step = int(client["step"])
+        sampler.load_state_dict(client["sampler"])
+        _set_rng_state(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
+    if step >= t.steps:  # finished in an earlier run: nothing to do
+        return {"view": job.view, "step": step, "reason": "already at target", "wall_s": 0.0,
+                "weights": str(out / f"global_step_{step}"), "samples_per_s": 0.0}
+    lineage = {"profile": job.profile, "view": job.view, "git_commit": git_commit(), "manifest": str(job.manifest),
+               "manifest_sha256": manifest_sha, "ds_config": ds_cfg, "world_size": world}
+    meta = {"format": "wmrl-worldmodel/1", "model": asdict(job.model), "train": asdict(t),
+            "proprio_mean": stats["mean"].tolist(), "proprio_std": stats["std"].tolist(), **lineage}
+
+    def save(reason: str) -> None:
+        rngs = [None] * world
+        dist.all_gather_object(rngs, _rng_state())
+        engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{step}", client_state={
+            "step": step, "sampler": sampler.state_dict(), "rng": rngs, "config_name": job.profile,
+            "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
+        export_weights(engine, out / f"global_step_{step}", {**meta, "step": step}, rank == 0)
+        if rank == 0:
+            write_json(out / "status.json", {"view": job.view, "step": step, "target": t.steps, "reason": reason,
+                                             "weights": str(out / f"global_step_{step}")})
+
+    def validate() -> float | None:
+        if val is None or t.val_batches == 0:
+            return None
+        engine.eval()
+        g = torch.Generator().manual_seed(12345)
+        losses = []
+        # the same batches and noise at every validation, without touching training's RNG
+        with torch.no_grad(), torch.random.fork_rng(devices=[device] if on_gpu else []):
+            torch.manual_seed(54321)
+            for _ in range(t.val_batches):
+                idx = torch.randint(val.size, (t.micro_batch,), generator=g).to(device)
+                b = val.batch(idx, job.view, job.model.condition_on_main, stats)
+                losses.append(float(engine(**b)[0]))
+        engine.train()
+        return sum(losses) / len(losses)
+
+    log_path = Path(job.run) / "logs" / f"wm_{job.view}.jsonl"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "a") if rank == 0 else None
+    bar = tqdm(total=t.steps, initial=step, desc=f"wm {job.view}", unit="update", disable=not job.progress or rank)
+    stop_requested = False
+    reason = "target"
+    t0, seen = time.perf_counter(), 0
+    while step < t.steps:
+        parts = {}
+        for _ in range(engine.gradient_accumulation_steps()):
+            b = train.batch(sampler.next(engine.train_micro_batch_size_per_gpu()).to(device), job.view,
+                            job.model.condition_on_main, stats)
+            loss, parts = engine(**b)
+            engine.backward(loss)
+            engine.step()  # DeepSpeed applies the update at the accumulation boundary
+            seen += engine.train_micro_batch_size_per_gpu() * world
+        step += 1
+        bar.update(1)
+        # the seed's stop rule: the controller asks, we stop after this complete update
+        flag = torch.tensor([float((out / STOP_FILE).exists())])
+        dist.all_reduce(flag)
+        stop_requested = bool(flag.item())
+        if rank == 0 and (step % t.log_interval == 0 or step == 1):
+            rec = {"step": step, "loss": float(loss), **{k: float(v) for k, v in parts.items()},
+                   "lr": engine.get_lr()[0], "samples_per_s": round(seen / (time.perf_counter() - t0), 1),
+                   "time": time.time()}
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            bar.set_postfix(loss=f"{float(loss):.4f}")
+        if step % t.eval_interval == 0 or step == t.steps:
+            v = validate()
+            if rank == 0 and v is not None:
+                log.write(json.dumps({"step": step, "val_loss": v, "time": time.time()}) + "\n")
+                log.flush()
+        if stop_requested:
+            reason = "stop requested"
+            break
+        if job.stop_after and step >= job.stop_after and step < t.steps:
+            reason = f"--stop-after {job.stop_after}"
+            break
+        if step % t.save_interval == 0 and step < t.steps:
+            save("interval")
+    bar.close()
+    save(reason)
+    if log:
+        log.close()
+    wall = time.perf_counter() - t0
+    dist.barrier()
+    return {"view": job.view, "step": step, "reason": reason, "wall_s": round(wall, 1),
+            "weights": str(out / f"global_step_{step}"), "samples_per_s": round(seen / max(wall, 1e-9), 1)}

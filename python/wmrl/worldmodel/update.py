@@ -1,0 +1,137 @@
+"""The world-model update controller: both views at once, the seed's stop rule, the selection.
+
+The main-view and wrist-view models train at the same time on separate GPU groups
+(``WM_GPUS_MAIN`` / ``WM_GPUS_WRIST``, default: the visible GPUs split half and half; one CPU
+process each without GPUs), each through the DeepSpeed launcher (``--hostfile`` for several
+hosts). The stop rule of the seed: the wrist model trains to its target step; then the main
+model is asked to save after its next complete optimizer update and stop (it need not
+reach the target). The controller then writes ``RUN/train/selected_world_models.json``
+naming the two weight folders that the pair is packaged from.
+
+Rerunning after an interruption continues both trainings from their checkpoints; a finished
+update (the selection exists) is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wmrl.config import ConfigError
+from wmrl.fileio import read_json, write_json
+from wmrl.worldmodel.train import STOP_FILE, view_dir
+
+ENTRY = Path(__file__).resolve().parents[2] / "wm_update.py"
+
+
+def selection_path(run: str | os.PathLike) -> Path:
+    return Path(run) / "train" / "selected_world_models.json"
+
+
+def parse_gpus(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(g) for g in text.replace(" ", "").split(",") if g != ""]
+    except ValueError:
+        raise ConfigError(f"GPU list {text!r}: give indices like 0,1,2,3") from None
+
+
+def gpu_groups(visible: int, main: str | None, wrist: str | None) -> tuple[list[int], list[int]]:
+    """GPU indices for (main, wrist): the given lists, or the visible GPUs split in half."""
+    m, w = parse_gpus(main), parse_gpus(wrist)
+    if not m and not w:
+        if visible == 0:
+            return [], []
+        if visible == 1:
+            raise ConfigError("one GPU cannot hold two concurrent groups; set WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 to "
+                              "share it, or train on the CPU with --device cpu")
+        half = visible // 2
+        return list(range(half)), list(range(half, visible))
+    if not m or not w:
+        raise ConfigError("set both WM_GPUS_MAIN and WM_GPUS_WRIST (e.g. 0,1,2,3 and 4,5,6,7), or neither")
+    bad = [g for g in m + w if g >= visible]
+    if bad:
+        raise ConfigError(f"GPU(s) {bad} requested, {visible} visible")
+    return m, w
+
+
+@dataclass
+class ViewLaunch:
+    view: str
+    gpus: list[int]
+    port: int
+    args: list[str] = field(default_factory=list)  # passed on to `wm_update.py --view V`
+
+    def command(self, hostfile: str | None = None) -> list[str]:
+        script = [str(ENTRY), "--view", self.view, *self.args]
+        if not self.gpus:
+            return [sys.executable, *script, "--device", "cpu"]
+        launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(self.port)]
+        if hostfile:
+            launcher += ["--hostfile", hostfile]
+        else:
+            launcher += ["--include", "localhost:" + ",".join(map(str, self.gpus))]
+        return [*launcher, *script, "--device", "cuda"]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["MASTER_PORT"] = str(self.port)
+        if not self.gpus:
+            env["DS_ACCELERATOR"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+
+def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, hostfile: str | None = None,
+               poll_s: float = 2.0, log=print) -> dict:
+    """Train both views concurrently with the stop rule; returns (and writes) the selection."""
+    run = Path(run)
+    sel = selection_path(run)
+    if sel.exists():
+        log(f"[wm-update] {sel} exists: this update is finished (remove it to train again)")
+        return read_json(sel, ConfigError, "")
+    for v in (main, wrist):
+        (view_dir(run, v.view) / STOP_FILE).unlink(missing_ok=True)  # a stop from an interrupted run
+        view_dir(run, v.view).mkdir(parents=True, exist_ok=True)
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    logs = {v.view: open(run / "logs" / f"wm_{v.view}.out", "a") for v in (main, wrist)}
+    procs = {}
+    t0 = time.perf_counter()
+    try:
+        for v in (main, wrist):
+            cmd = v.command(hostfile)
+            log(f"[wm-update] {v.view}: {' '.join(cmd)}  (GPUs {v.gpus or 'none: CPU'}; log {logs[v.view].name})")
+            procs[v.view] = subprocess.Popen(cmd, env=v.env(), stdout=logs[v.view], stderr=subprocess.STDOUT)
+        # the wrist model decides: when it finishes, the main model stops after its next update
+        while procs["wrist"].poll() is None:
+            if procs["main"].poll() not in (None, 0):
+                raise RuntimeError(f"the main-view training failed (exit {procs['main'].returncode}); "
+                                   f"see {logs['main'].name}")
+            time.sleep(poll_s)
+        if procs["wrist"].returncode != 0:
+            raise RuntimeError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
+        log(f"[wm-update] wrist reached its target after {time.perf_counter() - t0:.0f} s; asking main to stop")
+        (view_dir(run, "main") / STOP_FILE).touch()
+        if procs["main"].wait() != 0:
+            raise RuntimeError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=60)
+        for f in logs.values():
+            f.close()
+    status = {v: read_json(view_dir(run, v) / "status.json", ConfigError, "the training wrote no status")
+              for v in ("main", "wrist")}
+    selection = {"format": "wmrl-selection/1",
+                 "rule": "wrist trains to its target; main saves after its next complete update and stops",
+                 "main": status["main"], "wrist": status["wrist"], "wall_s": round(time.perf_counter() - t0, 1)}
+    write_json(sel, selection)
+    log(f"[wm-update] selected main step {status['main']['step']} ({status['main']['reason']}), "
+        f"wrist step {status['wrist']['step']}: {sel}")
+    return selection

@@ -1,0 +1,215 @@
+"""World models: data at chunk boundaries, the manifest, the EDM model, DeepSpeed training
+(CPU, gloo) with resume and the seed's stop rule. Runs in .venv/wm."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
+from wmrl.data.trajectory import TrajectoryError  # noqa: E402
+from wmrl.worldmodel.config import get_wm_profile  # noqa: E402
+from wmrl.worldmodel.data import MixedSampler, Transitions, boundary_frames, proprio_stats, read_episode  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = get_wm_profile("tiny")
+
+
+def _episodes(path, source):
+    import h5py
+
+    with h5py.File(path) as h:
+        return [read_episode(h["data"][f"demo_{i}"], 8, source, f"demo_{i}") for i in range(h["data"].attrs["num_episodes"])]
+
+
+def test_boundary_frames_from_dense_and_sparse_recordings():
+    assert boundary_frames(np.arange(0, 25, 8), 8).tolist() == [0, 1, 2, 3]
+    assert boundary_frames(np.arange(0, 25), 8).tolist() == [0, 8, 16, 24]
+    with pytest.raises(TrajectoryError, match="every 8 steps"):
+        boundary_frames(np.array([0, 8, 24]), 8)
+
+
+def test_dense_and_sparse_files_give_the_same_kind_of_transitions(trajectories):
+    new, replay = trajectories
+    sparse, dense = _episodes(new, "new"), _episodes(replay, "replay")
+    assert sparse[0].main.shape[0] == 6 and sparse[0].actions.shape == (5, 8, 7)
+    assert dense[0].main.shape[0] == 5 and dense[0].actions.shape == (4, 8, 7)  # 33 frames -> 5 boundaries
+    t = Transitions(sparse[:1], context=2)
+    assert t.size == 5
+    assert t.context[0].tolist() == [0, 0] and t.context[3].tolist() == [2, 3]  # history repeats frame 0
+    assert t.next.tolist() == [1, 2, 3, 4, 5]
+
+
+def test_manifest_splits_by_episode_hashes_and_refuses_a_changed_file(trajectories, tmp_path):
+    new, replay = trajectories
+    m = build_manifest(tmp_path / "manifest.json", [str(new)], [str(replay)], val_ratio=0.2, seed=0)
+    assert [f["source"] for f in m["files"]] == ["new", "replay"]
+    assert all(len(f["val_episodes"]) == 1 for f in m["files"])  # 0.2 x 5 episodes per source
+    assert m["new_ratio"] == 0.5
+    _, files = load_manifest(tmp_path / "manifest.json")
+    assert files[0].path == Path(new).resolve()
+    copy = tmp_path / "copy.hdf5"
+    copy.write_bytes(Path(new).read_bytes())
+    build_manifest(tmp_path / "m2.json", [str(copy)], [], seed=0)
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="copy.hdf5 changed"):
+        load_manifest(tmp_path / "m2.json")
+    with pytest.raises(ManifestError, match="make manifest"):
+        load_manifest(tmp_path / "absent.json")
+
+
+def test_mixed_sampler_draws_new_data_at_the_requested_ratio():
+    is_new = torch.tensor([True] * 10 + [False] * 90)
+    s = MixedSampler(is_new, 0.5, seed=1)
+    idx = torch.cat([s.next(64) for _ in range(20)])
+    frac = float(is_new[idx].float().mean())
+    assert 0.42 < frac < 0.58
+    state = s.state_dict()
+    a = s.next(8)
+    s.load_state_dict(state)
+    assert torch.equal(a, s.next(8))  # resumable
+
+
+def test_model_shapes_loss_and_batched_generation(trajectories):
+    torch.manual_seed(0)
+    cfg = TINY.wrist  # conditions on the main view too
+    model = FrameWorldModel(cfg)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    stats = proprio_stats(t)
+    b = t.batch(torch.arange(6), "wrist", True, stats)
+    assert b["frames"].shape == (6, 3, 3, 64, 64) and b["target"].shape == (6, 3, 64, 64)
+    loss, parts = model.loss(**b)
+    assert torch.isfinite(loss) and set(parts) == {"frame_loss", "proprio_loss"}
+    frame, prop = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
+    assert frame.shape == (6, 3, 64, 64) and prop.shape == (6, 8) and frame.abs().max() <= 1
+    one, _ = model.generate(b["frames"][:1], b["actions"][:1], b["proprio"][:1], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(one, frame[:1], atol=1e-5, rtol=1e-4)  # a batch is independent samples
+
+
+def _wm(args, run, env_extra=None, check=True):
+    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    env.update(env_extra or {})
+    r = subprocess.run([sys.executable, str(REPO / "python" / "wm_update.py"), "--profile", "tiny", "--run", str(run),
+                        "--no-progress", *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def manifest_run(trajectories, tmp_path_factory):
+    base = tmp_path_factory.mktemp("wmrun")
+    build_manifest(base / "manifest.json", [str(trajectories[0])], [str(trajectories[1])], seed=0)
+    return base
+
+
+def _clone(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    (dst / "manifest.json").write_text((src / "manifest.json").read_text().replace('"path": "', '"path": "../' + src.name + "/"))
+    return dst
+
+
+def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
+    straight = _clone(manifest_run, manifest_run.parent / "straight")
+    _wm(["--view", "main", "--steps", "6"],
+        straight, {"MASTER_PORT": "29641"})
+    split = _clone(manifest_run, manifest_run.parent / "split")
+    _wm(["--view", "main", "--steps", "6", "--stop-after", "3"], split, {"MASTER_PORT": "29642"})
+    status = json.loads((split / "worldmodels/main/status.json").read_text())
+    assert status["step"] == 3 and (split / "worldmodels/main/deepspeed/global_step3").is_dir()
+    _wm(["--view", "main", "--steps", "6"], split, {"MASTER_PORT": "29643"})
+    from safetensors.torch import load_file
+
+    a = load_file(straight / "worldmodels/main/global_step_6/model.safetensors")
+    b = load_file(split / "worldmodels/main/global_step_6/model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    log = [json.loads(line) for line in (straight / "logs/wm_main.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    cfg = json.loads((straight / "worldmodels/main/global_step_6/config.json").read_text())
+    assert cfg["step"] == 6 and cfg["model"]["view"] == "main" and len(cfg["manifest_sha256"]) == 64
+
+
+@pytest.fixture(scope="module")
+def updated_run(manifest_run):
+    run = _clone(manifest_run, manifest_run.parent / "both")
+    r = _wm(["--steps", "4", "--device", "cpu"], run, {"MASTER_PORT": "29650"})
+    return run, r.stdout
+
+
+def test_both_views_with_the_stop_rule_write_the_selection(updated_run):
+    run, stdout = updated_run
+    sel = json.loads((run / "train/selected_world_models.json").read_text())
+    assert sel["wrist"]["step"] == 4 and sel["wrist"]["reason"] == "target"
+    assert 1 <= sel["main"]["step"] <= 4
+    for v in ("main", "wrist"):
+        assert (Path(sel[v]["weights"]) / "model.safetensors").is_file()
+    assert "wrist reached its target" in stdout
+    again = _wm(["--steps", "4", "--device", "cpu"], run, {"MASTER_PORT": "29652"})
+    assert "finished" in again.stdout  # a finished update is left alone
+
+
+def _py(script, *args, check=True):
+    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    r = subprocess.run([sys.executable, str(REPO / "python" / script), *args], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=REPO)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def test_reward_model_pair_packaging_and_fidelity(updated_run):
+    run, _ = updated_run
+    _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress")
+    reward = json.loads((run / "worldmodels/reward/config.json").read_text())
+    assert 0 < reward["threshold"] < 1 and reward["train_success_frames"] > 0
+
+    _py("package_pair.py", "--run", str(run))
+    pair = json.loads((run / "model_pair/pair.json").read_text())
+    assert set(pair["files"]) == {"main", "wrist", "reward", "init_observations"}
+    assert pair["init_observations"]["episodes"] == 8  # the training episodes of both sources
+    assert "match pair.json" in _py("package_pair.py", "--verify", str(run / "model_pair")).stdout
+
+    _py("wm_eval.py", "--run", str(run), "--videos", "1", "--horizon", "5", "--device", "cpu")
+    fid = json.loads((run / "model_pair/fidelity.json").read_text())
+    assert set(fid["horizons"]) == {"1", "5"}
+    for row in fid["horizons"].values():
+        assert np.isfinite(row["psnr_main"]) and -1 <= row["ssim_wrist"] <= 1
+    assert 0 <= fid["reward"]["accuracy_real"] <= 1 and fid["reward"]["frames"] > 0
+    assert Path(fid["videos"][0]).stat().st_size > 0
+
+    w = run / "model_pair/wrist/model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    bad = _py("package_pair.py", "--verify", str(run / "model_pair"), check=False)
+    assert bad.returncode == 2 and "wrist/model.safetensors" in bad.stderr and "SHA-256" in bad.stderr
+
+
+def test_psnr_and_ssim_of_identical_and_noisy_images():
+    from wmrl.worldmodel.fidelity import psnr, ssim
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 32, 32, generator=g) * 2 - 1
+    noisy = (x + 0.2 * torch.randn(x.shape, generator=g)).clamp(-1, 1)
+    noisier = (x + 0.6 * torch.randn(x.shape, generator=g)).clamp(-1, 1)
+    assert torch.allclose(ssim(x, x), torch.ones(2))
+    # uniform noise in [0, 1] (variance 1/12) plus noise of std 0.1: SSIM ~ 2 * 0.083 / (0.083 + 0.093)
+    assert 0.9 < float(ssim(x, noisy).mean()) < 0.97 and float(ssim(x, noisier).mean()) < 0.7
+    assert float(psnr(x, noisy).mean()) < float(psnr(x, (x + 0.01).clamp(-1, 1)).mean())
+
+
+def test_missing_manifest_is_a_one_line_error(tmp_path):
+    r = _wm(["--view", "main"], tmp_path, check=False)
+    assert r.returncode == 2 and "make manifest" in r.stderr and "Traceback" not in r.stderr
