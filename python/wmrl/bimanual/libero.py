@@ -1,7 +1,8 @@
 """Converter: the kit's LIBERO HDF5 trajectories (one Panda arm) -> contract episodes.
 
-A LIBERO trajectory renders images only at chunk boundaries, so one contract transition is
-one chunk (frame k -> k+1, usually 8 policy steps at 20 Hz). The arm is written into the
+One contract transition is one chunk (usually 8 policy steps at 20 Hz): files that render
+only at chunk boundaries map frame k -> k+1 directly; files with a frame every step are
+thinned to the chunk boundaries first. The arm is written into the
 *left* arm's slots; the right arm, the shared two-arm slots and the joint slots are masked.
 Domain ``libero_panda`` (its own domain ID): its world frame is robosuite's.
 
@@ -37,16 +38,28 @@ def _resize(frames: np.ndarray, size: int) -> np.ndarray:
     return np.stack([np.asarray(Image.fromarray(f).resize((size, size), Image.BILINEAR)) for f in frames])
 
 
+def chunk_frames(frame_step: np.ndarray, chunk: int) -> np.ndarray:
+    """Indices of the frames at chunk boundaries (and the last frame). Files that record a
+    frame every step are thinned to one frame per chunk, so a transition always spans a
+    chunk, as in files that record only at chunk boundaries."""
+    keep = np.flatnonzero(frame_step % max(chunk, 1) == 0)
+    if keep.size == 0 or keep[-1] != len(frame_step) - 1:
+        keep = np.append(keep, len(frame_step) - 1)
+    return keep
+
+
 def convert(traj, image_size: int) -> Episode:
     """One ``wmrl.data.trajectory.Trajectory`` -> one contract episode (main camera)."""
-    prop = traj.proprio.astype(np.float64)
-    n = traj.num_frames - 1
+    keep = chunk_frames(np.asarray(traj.frame_step), int(traj.attrs.get("chunk_size", 8) or 8))
+    fs = np.asarray(traj.frame_step)[keep]
+    prop = traj.proprio.astype(np.float64)[keep]
+    n = len(keep) - 1
     if n < 1:
         raise ValueError("trajectory has fewer than two frames; nothing to convert")
     pos, rot = prop[:, :3], contract.rotvec_to_matrix(prop[:, 3:6])
     width = prop[:, 6] - prop[:, 7]
-    last_grip = np.array([traj.chunk_actions(k)[-1, 6] for k in range(n)])
-    steps = np.diff(traj.frame_step).astype(np.float64)
+    last_grip = traj.actions[fs[1:] - 1, 6]  # the last gripper command of each transition
+    steps = np.diff(fs).astype(np.float64)
     row = contract.ActionRow(n)
     contract.arm_fields(
         row, "left",
@@ -56,7 +69,7 @@ def convert(traj, image_size: int) -> Episode:
     row.set("duration", steps / CONTROL_HZ)
     a = traj.attrs
     return Episode(
-        frames=_resize(traj.main, image_size), actions=row.values, mask=row.mask,
+        frames=_resize(traj.main[keep], image_size), actions=row.values, mask=row.mask,
         caption=str(a.get("instruction", "")), success=bool(a.get("success", False)),
         meta={"task_index": int(a.get("task_index", -1)), "seed": int(a.get("seed", -1)),
               "init_mode": str(a.get("init_mode", "")), "policy_id": str(a.get("policy_id", "")),

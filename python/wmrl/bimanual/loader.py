@@ -169,8 +169,8 @@ def preview_episodes(bundle: Bundle, out: Path, count: int = 4) -> list[str]:
     """Decode a few episodes (both splits, every source) to a contact sheet and videos."""
     out.mkdir(parents=True, exist_ok=True)
     chosen, seen = [], set()
-    for e in bundle.episodes.values():  # one per (source, split) first, then fill up
-        key = (e["source"], e["split"])
+    for e in bundle.episodes.values():  # one per (source, split, caption) first, then fill up
+        key = (e["source"], e["split"], e["caption"])
         if key not in seen:
             seen.add(key)
             chosen.append(e)

@@ -170,3 +170,19 @@ def test_libero_converter_masks_and_units(bundle_dir):
     assert np.all(np.isclose(g, 0.0) | np.isclose(g, 0.08))
     np.testing.assert_allclose(acts[:, L["left.gripper_delta"][0]], g - 0.06, atol=1e-6)
     assert e["domain_id"] == 1 and e["caption"].startswith("pick up the black bowl")
+
+
+def test_libero_dense_frames_are_thinned_to_chunks():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from tests.helpers import synthetic_trajectory
+    from wmrl.bimanual.libero import chunk_frames, convert
+
+    dense = synthetic_trajectory(frames=18, chunk=1, size=32, chunk_size=8)  # a frame every step, 17 steps
+    ep = convert(dense, 32)
+    np.testing.assert_array_equal(chunk_frames(dense.frame_step, 8), [0, 8, 16, 17])
+    assert ep.frames.shape[0] == 4 and ep.actions.shape[0] == 3
+    np.testing.assert_allclose(ep.actions[:, contract.LAYOUT["duration"][0]], [8 / 20, 8 / 20, 1 / 20])
+    np.testing.assert_array_equal(ep.frames[1], dense.main[8])
