@@ -213,3 +213,34 @@ def test_psnr_and_ssim_of_identical_and_noisy_images():
 def test_missing_manifest_is_a_one_line_error(tmp_path):
     r = _wm(["--view", "main"], tmp_path, check=False)
     assert r.returncode == 2 and "make manifest" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_inconsistent_deepspeed_batch_sizes_and_world_size_changes_are_refused(tmp_path):
+    from wmrl.worldmodel.train import WMConfigError, check_resume, ds_config
+
+    t = TINY.train
+    bad = tmp_path / "ds.json"
+    bad.write_text(json.dumps({"train_batch_size": 7, "zero_optimization": {"stage": 0}}))
+    with pytest.raises(WMConfigError, match="train_batch_size=7 but micro batch 4 x accumulation 2 x 1"):
+        ds_config(bad, t, on_gpu=False, world=1)
+    cfg = ds_config("data/worldmodel/ds_cpu.json", t, on_gpu=False, world=2)
+    assert cfg["train_batch_size"] == 4 * 2 * 2 and cfg["gradient_accumulation_steps"] == 2
+    with pytest.raises(WMConfigError, match="bf16"):
+        ds_config("data/worldmodel/ds_gpu.json", t, on_gpu=False, world=1)
+    state = tmp_path / "wmrl_state.json"
+    state.write_text(json.dumps({"world_size": 4, "step": 10}))
+    check_resume(state, 4)
+    with pytest.raises(WMConfigError, match="saved by 4 process"):
+        check_resume(state, 2)
+
+
+def test_a_trajectory_file_failing_validation_stops_training_before_it_starts(trajectories, tmp_path):
+    import h5py
+
+    broken = tmp_path / "broken.hdf5"
+    broken.write_bytes(Path(trajectories[0]).read_bytes())
+    with h5py.File(broken, "a") as h:
+        del h["data/demo_1/rewards"]
+    build_manifest(tmp_path / "manifest.json", [str(broken)], [], seed=0)
+    r = _wm(["--view", "main"], tmp_path, check=False)
+    assert r.returncode == 2 and "fails validation" in r.stderr and "Traceback" not in r.stderr

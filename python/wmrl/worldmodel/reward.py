@@ -79,14 +79,31 @@ def calibrate(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
     return best
 
 
+class RewardObjective(nn.Module):
+    """Binary cross-entropy of the wrapped model, for DeepSpeed's engine (inputs cast to its dtype)."""
+
+    def __init__(self, model: RewardModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dt = next(self.model.parameters()).dtype
+        return F.binary_cross_entropy_with_logits(self.model(x.to(dt)).float(), y.float())
+
+
 def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,
-                 val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True) -> dict:
-    """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``."""
+                 val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True,
+                 ds_config_path: str | None = None) -> dict:
+    """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
+    Trained through DeepSpeed like the world models (one process; bf16 on a GPU)."""
+    import deepspeed
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     from wmrl.fileio import atomic_path
+    from wmrl.worldmodel.config import WMTrainConfig
     from wmrl.worldmodel.model import images_to_unit
+    from wmrl.worldmodel.train import ds_config, init_distributed
 
     pos, neg = torch.nonzero(train_labels).flatten(), torch.nonzero(~train_labels).flatten()
     if len(pos) == 0 or len(neg) == 0:
@@ -95,20 +112,23 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
     model = RewardModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-2)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    tc = WMTrainConfig(steps=cfg.steps, micro_batch=cfg.batch, grad_accum=1, lr=cfg.lr, warmup=min(50, cfg.steps // 10))
+    init_distributed(on_gpu)
+    engine, *_ = deepspeed.initialize(model=RewardObjective(model), model_parameters=model.parameters(),
+                                      config=ds_config(ds_config_path or (tc.ds_config_gpu if on_gpu else tc.ds_config_cpu),
+                                                       tc, on_gpu, world=1))
     t0 = time.perf_counter()
     for _ in tqdm(range(cfg.steps), desc="reward model", disable=not progress):
         half = cfg.batch // 2
         idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g)],
                          neg[torch.randint(len(neg), (cfg.batch - half,), generator=g)]])
         x = generated_style(images_to_unit(train_frames[idx]), cfg, g)
-        loss = F.binary_cross_entropy_with_logits(model(x), train_labels[idx].float())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-    model.eval()
+        loss = engine(x.to(device), train_labels[idx].to(device))
+        engine.backward(loss)
+        engine.step()
+    model = engine.module.model.float().cpu().eval()
     with torch.no_grad():
         probs = torch.cat([torch.sigmoid(model(images_to_unit(val_frames[i:i + 256])))
                            for i in range(0, len(val_frames), 256)]) if len(val_frames) else torch.zeros(0)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from wmrl.config import ConfigError
 from wmrl.fileio import sha256_file, write_json
 from wmrl.worldmodel.config import WMTrainConfig, WorldModelConfig
 
@@ -54,24 +55,72 @@ class WMJob:
     progress: bool = True
 
 
-def _ds_config(job: WMJob, on_gpu: bool, world: int) -> dict:
-    t = job.train
-    path = Path(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu))
+class WMConfigError(ConfigError):
+    """Bad input to a world-model training: said before any training step."""
+
+
+def ds_config(path: str | os.PathLike, t: WMTrainConfig, on_gpu: bool, world: int, total_steps: int | None = None) -> dict:
+    """The DeepSpeed JSON with micro batch, accumulation, clipping, optimizer and schedule
+    filled in from ``t`` where the file leaves them out; inconsistent batch sizes refused."""
     from wmrl.fileio import read_json
 
-    cfg = read_json(path, ValueError, "give a DeepSpeed JSON config with --ds-config (see data/worldmodel/)")
+    from wmrl.lineage import REPO
+
+    path = Path(path)
+    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
+        path = REPO / path  # the kit's own configs, from any working directory
+    cfg = read_json(path, WMConfigError, "give a DeepSpeed JSON config with --ds-config (see data/worldmodel/)")
     cfg.setdefault("train_micro_batch_size_per_gpu", t.micro_batch)
     cfg.setdefault("gradient_accumulation_steps", t.grad_accum)
     cfg.setdefault("gradient_clipping", t.grad_clip)
     cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": t.lr, "weight_decay": t.weight_decay,
                                                              "betas": [0.9, 0.999], "torch_adam": True}})
     cfg.setdefault("scheduler", {"type": "WarmupCosineLR", "params": {
-        "total_num_steps": t.steps, "warmup_num_steps": t.warmup, "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}})
+        "total_num_steps": total_steps or t.steps, "warmup_num_steps": t.warmup, "warmup_min_ratio": 0.0,
+        "cos_min_ratio": 0.1}})
     if not on_gpu and (cfg.get("bf16", {}).get("enabled") or cfg.get("fp16", {}).get("enabled")):
-        raise ValueError(f"{path} enables bf16/fp16, which DeepSpeed's CPU path does not train; "
-                         f"use {t.ds_config_cpu} on a machine without GPUs")
-    cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * world
+        raise WMConfigError(f"{path} enables bf16/fp16, which DeepSpeed's CPU path does not train; "
+                            f"use {t.ds_config_cpu} on a machine without GPUs")
+    product = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * world
+    if "train_batch_size" in cfg and cfg["train_batch_size"] != product:
+        raise WMConfigError(
+            f"{path}: train_batch_size={cfg['train_batch_size']} but micro batch {cfg['train_micro_batch_size_per_gpu']} x "
+            f"accumulation {cfg['gradient_accumulation_steps']} x {world} process(es) = {product}; fix one of them "
+            "or drop train_batch_size (it is derived)")
+    cfg["train_batch_size"] = product
     return cfg
+
+
+def init_distributed(on_gpu: bool) -> tuple[int, int]:
+    """DeepSpeed's process group; a plain ``python`` process becomes a world of one."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + (os.getpid() % 1000))))
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def check_files(files) -> None:
+    """Every trajectory file of the manifest passes the schema validator."""
+    from wmrl.data.validate import validate_file
+
+    for f in files:
+        report = validate_file(f.path)
+        if not report.ok:
+            raise WMConfigError(f"{f.path} fails validation ({'; '.join(report.problems[:3])}); "
+                                f"see `make validate DATA={f.path}`, then rebuild the manifest without it")
+
+
+def check_resume(state_file: Path, world: int) -> None:
+    """A DeepSpeed checkpoint resumes only with the world size it was saved with."""
+    if state_file.exists():
+        saved = json.loads(state_file.read_text())
+        if saved.get("world_size") != world:
+            raise WMConfigError(f"{state_file.parent} was saved by {saved.get('world_size')} process(es), this run has "
+                                f"{world}: resume with the same GPU group size, or start a new RUN")
 
 
 class Objective(torch.nn.Module):
@@ -90,12 +139,15 @@ class Objective(torch.nn.Module):
 
 def _load_data(job: WMJob, device):
     """Manifest (hashes verified first) -> training and validation transitions."""
+    from wmrl.data.manifest import load_manifest
     from wmrl.worldmodel.data import Transitions, load_split
 
-    manifest, train, val = load_split(job.manifest, job.model.chunk_size)
+    _, files = load_manifest(job.manifest, verify=True)
+    check_files(files)
+    manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False)
     size = {e.main.shape[1] for e in train + val}
     if size != {job.model.image_size}:
-        raise ValueError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
+        raise WMConfigError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
                          f"{job.model.image_size} px: collect at that size or pick the matching --profile")
     tr = Transitions(train, job.model.context, device)
     va = Transitions(val, job.model.context, device) if val else None
@@ -163,22 +215,20 @@ def main(job: WMJob) -> dict:
     out = view_dir(job.run, job.view)
     out.mkdir(parents=True, exist_ok=True)
     manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
-    if "RANK" not in os.environ:  # a plain `python` process: a world of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + (os.getpid() % 1000))))
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     t = job.train
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    ds_cfg = ds_config(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu), t, on_gpu, world_env)
+    ckpt_dir = out / "deepspeed"
+    check_resume(ckpt_dir / "wmrl_state.json", world_env)
+    rank, world = init_distributed(on_gpu)
     torch.manual_seed(t.seed + rank)
 
     model = FrameWorldModel(job.model)
-    ds_cfg = _ds_config(job, on_gpu, world)
     engine, _, _, _ = deepspeed.initialize(model=Objective(model, t.proprio_loss_weight),
                                            model_parameters=model.parameters(), config=ds_cfg)
     stats = proprio_stats(train)
     stats = {k: v.to(device) for k, v in stats.items()}
     sampler = MixedSampler(train.is_new, manifest["new_ratio"], seed=t.seed * 1000 + rank)
-    ckpt_dir = out / "deepspeed"
     manifest_sha = sha256_file(job.manifest)
 
     # ---- resume
@@ -186,7 +236,7 @@ def main(job: WMJob) -> dict:
     if (ckpt_dir / "latest").exists():
         _, client = engine.load_checkpoint(str(ckpt_dir))
         if client.get("manifest_sha256") != manifest_sha:
-            raise ValueError(f"{ckpt_dir} was trained on another manifest; use a new RUN or remove that folder")
+            raise WMConfigError(f"{ckpt_dir} was trained on another manifest; use a new RUN or remove that folder")
         step = int(client["step"])
         sampler.load_state_dict(client["sampler"])
         _set_rng_state(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
@@ -206,6 +256,7 @@ def main(job: WMJob) -> dict:
             "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
         export_weights(engine, out / f"global_step_{step}", {**meta, "step": step}, rank == 0)
         if rank == 0:
+            write_json(ckpt_dir / "wmrl_state.json", {"step": step, "world_size": world, "tag": f"global_step{step}"})
             write_json(out / "status.json", {"view": job.view, "step": step, "target": t.steps, "reason": reason,
                                              "weights": str(out / f"global_step_{step}")})
 

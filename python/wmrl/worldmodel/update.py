@@ -25,6 +25,10 @@ from wmrl.config import ConfigError
 from wmrl.fileio import read_json, write_json
 from wmrl.worldmodel.train import STOP_FILE, view_dir
 
+class UpdateError(ConfigError):
+    """A view's training failed; the message names its log."""
+
+
 ENTRY = Path(__file__).resolve().parents[2] / "wm_update.py"
 
 
@@ -110,15 +114,15 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
         # the wrist model decides: when it finishes, the main model stops after its next update
         while procs["wrist"].poll() is None:
             if procs["main"].poll() not in (None, 0):
-                raise RuntimeError(f"the main-view training failed (exit {procs['main'].returncode}); "
+                raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); "
                                    f"see {logs['main'].name}")
             time.sleep(poll_s)
         if procs["wrist"].returncode != 0:
-            raise RuntimeError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
+            raise UpdateError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
         log(f"[wm-update] wrist reached its target after {time.perf_counter() - t0:.0f} s; asking main to stop")
         (view_dir(run, "main") / STOP_FILE).touch()
         if procs["main"].wait() != 0:
-            raise RuntimeError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
+            raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
     finally:
         for p in procs.values():
             if p.poll() is None:
