@@ -6,11 +6,15 @@
 #   bash bench/h200_session.sh policy   # waits for SFT, evaluates the policy 10x50 (ODE sampler),
 #                                       # then with the flow-SDE at T=1.6 (the original's evaluation)
 #   bash bench/h200_session.sh learn    # only demos and SFT (a fresh machine)
+#   bash bench/h200_session.sh wm       # world models: speed benchmark, then a real update on the
+#                                       # demonstrations (manifest, both views on the one GPU,
+#                                       # reward model, pair, fidelity); also carry .offline/wm312
+#                                       # (bash bench/make_wm_wheels.sh: DeepSpeed wheels)
 # The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
 # device tool brings that folder back), episode logs every 10 s, so a cut-off call still
 # returns what it finished.
 set -euo pipefail
-phase="${1:?sim|learn|policy}"
+phase="${1:?sim|learn|policy|wm}"
 OUT="${OUT:-runs/h200/out}"
 RUN=runs/h200
 mkdir -p "$OUT" "$RUN"
@@ -56,6 +60,23 @@ policy)
       --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite | tee "$OUT/eval_sde.txt"
   cp "$ev" "$OUT/eval_sde.json"
   ;;
-*) echo "unknown phase $phase: sim, learn or policy" >&2; exit 2 ;;
+wm)
+  [ -d /tmp/wm/deepspeed ] || pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl
+  export PYTHONPATH=/tmp/sim:/tmp/wm:$PWD/python
+  [ -f "$OUT/throughput.json" ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128 --steps 480 --json "$OUT/throughput.json"
+  t python3 bench/wm_throughput.py --sim-json "$OUT/throughput.json" --json "$OUT/wm_throughput.json"
+  [ -d "$RUN/demos" ] && ls "$RUN"/demos/*.hdf5 >/dev/null 2>&1 || \
+    t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --episodes "${WM_EPISODES:-20}" --no-progress > "$OUT/demos.json"
+  t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" --overwrite | tee "$OUT/manifest.txt"
+  mirror "$RUN/logs/wm_main.jsonl" wm_main.jsonl; mirror "$RUN/logs/wm_wrist.jsonl" wm_wrist.jsonl
+  WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-1000}" \
+      --save-interval 500 --no-progress | tee "$OUT/wm_update.txt"
+  t python3 python/wm_reward.py --run "$RUN" --no-progress | tee "$OUT/wm_reward.txt"
+  t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
+  t python3 python/wm_eval.py --run "$RUN" --videos 4 | tee "$OUT/wm_eval.txt"
+  cp "$RUN/model_pair/fidelity.json" "$RUN/model_pair/pair.json" "$RUN/train/selected_world_models.json" "$OUT/"
+  cp "$RUN"/model_pair/videos/*.mp4 "$OUT/" 2>/dev/null || true
+  ;;
+*) echo "unknown phase $phase: sim, learn, policy or wm" >&2; exit 2 ;;
 esac
 [ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null || true  # never the SFT

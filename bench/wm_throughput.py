@@ -1,0 +1,182 @@
+"""World-model speed: training samples/s and MFU, imagined steps/s against the real simulator.
+
+    python bench/wm_throughput.py                                # default profile, GPU if present
+    python bench/wm_throughput.py --sim-json out/throughput.json # ratio to the real simulator
+    python bench/wm_throughput.py --profile tiny --train-steps 3 --batch 4   # CPU smoke run
+
+* Training: the main-view model through the same DeepSpeed engine as ``make wm-update``
+  (bf16 and ZeRO from data/worldmodel/ds_gpu.json on a GPU), on synthetic inputs of the
+  real shapes; samples/s over ``--train-steps`` optimizer updates after warm-up. FLOPs per
+  sample are counted by torch's FlopCounterMode on one forward + backward, so MFU = achieved
+  FLOP/s / the device's dense bf16 peak (``--peak-tflops``; 790 TFLOP/s is used for the
+  H200).
+* Imagination: both views (the wrist model conditioned on the imagined main view) for a
+  batch of ``--batch`` rollouts, ``sample_steps`` Euler steps each; one chunk = 8 policy
+  steps per rollout. Compared with the real simulator's aggregate steps/s (cameras at
+  chunk boundaries) from ``bench/sim_throughput.py --json`` on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _inputs(cfg, batch: int, device):
+    import torch
+
+    s = cfg.image_size
+    return {"frames": torch.rand(batch, cfg.input_frames, 3, s, s, device=device) * 2 - 1,
+            "target": torch.rand(batch, 3, s, s, device=device) * 2 - 1,
+            "actions": torch.rand(batch, cfg.chunk_size, cfg.action_dim, device=device) * 2 - 1,
+            "proprio": torch.randn(batch, cfg.proprio_dim, device=device),
+            "next_proprio": torch.randn(batch, cfg.proprio_dim, device=device)}
+
+
+def flops_per_sample(model, cfg, device) -> float:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    b = _inputs(cfg, 2, device)
+    with FlopCounterMode(display=False) as fc:
+        loss, _ = model.loss(**b)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops() / 2
+
+
+def bench_training(prof, args, device) -> dict:
+    import deepspeed
+    import torch
+
+    from wmrl.worldmodel.model import FrameWorldModel
+    from wmrl.worldmodel.train import Objective, ds_config, init_distributed
+
+    on_gpu = device.type == "cuda"
+    cfg = prof.main
+    t = prof.train
+    if args.micro_batch:
+        from wmrl.config import override
+
+        t = override(t, micro_batch=args.micro_batch)
+    torch.manual_seed(0)
+    model = FrameWorldModel(cfg).to(device)
+    fps = flops_per_sample(model, cfg, device)
+    init_distributed(on_gpu)
+    engine, *_ = deepspeed.initialize(model=Objective(model, 1.0), model_parameters=model.parameters(),
+                                      config=ds_config(t.ds_config_gpu if on_gpu else t.ds_config_cpu, t, on_gpu, 1))
+    mb, acc = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    batch = _inputs(cfg, mb, device)
+
+    def update():
+        for _ in range(acc):
+            loss, _ = engine(**batch)
+            engine.backward(loss)
+            engine.step()
+
+    for _ in range(args.warmup):
+        update()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(args.train_steps):
+        update()
+    _sync(device)
+    wall = time.perf_counter() - t0
+    sps = args.train_steps * acc * mb / wall
+    out = {"micro_batch": mb, "grad_accum": acc, "updates": args.train_steps, "wall_s": round(wall, 2),
+           "samples_per_s": round(sps, 1), "gflops_per_sample": round(fps / 1e9, 2),
+           "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+           "precision": "bf16" if on_gpu else "fp32"}
+    if args.peak_tflops:
+        out["mfu"] = round(sps * fps / (args.peak_tflops * 1e12), 4)
+    return out
+
+
+def bench_imagination(prof, args, device) -> dict:
+    import torch
+
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    main, wrist = FrameWorldModel(prof.main).to(device).eval(), FrameWorldModel(prof.wrist).to(device).eval()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    b = args.batch
+    cm, cw = prof.main, prof.wrist
+    frames_m = torch.rand(b, cm.context, 3, cm.image_size, cm.image_size, device=device) * 2 - 1
+    frames_w = torch.rand(b, cw.context, 3, cw.image_size, cw.image_size, device=device) * 2 - 1
+    acts = torch.rand(b, cm.chunk_size, cm.action_dim, device=device) * 2 - 1
+    prop = torch.randn(b, cm.proprio_dim, device=device)
+
+    def chunk():
+        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+            m, p = main.generate(frames_m, acts, prop)
+            x = torch.cat([frames_w, m[:, None]], dim=1) if cw.condition_on_main else frames_w
+            w, _ = wrist.generate(x, acts, prop)
+        return m, w, p
+
+    for _ in range(args.warmup):
+        chunk()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(args.chunks):
+        chunk()
+    _sync(device)
+    wall = time.perf_counter() - t0
+    steps = args.chunks * b * cm.chunk_size
+    return {"batch": b, "chunks": args.chunks, "sample_steps": cm.sample_steps, "wall_s": round(wall, 3),
+            "imagined_chunks_per_s": round(args.chunks * b / wall, 1), "imagined_steps_per_s": round(steps / wall, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="default", choices=["default", "tiny"])
+    p.add_argument("--train-steps", type=int, default=20, help="timed optimizer updates")
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch", type=int, default=256, help="imagined rollouts at once")
+    p.add_argument("--chunks", type=int, default=10, help="timed imagined chunks")
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (H200: 790)")
+    p.add_argument("--sim-json", help="bench/sim_throughput.py --json output from the same machine")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args()
+    import torch
+
+    from wmrl.worldmodel.config import get_wm_profile
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and args.peak_tflops is None:
+        args.peak_tflops = 790.0
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    prof = get_wm_profile(args.profile)
+    machine = {"host": platform.node(), "cpu_cores": os.cpu_count(), "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None, "profile": args.profile,
+               "image_size": prof.main.image_size}
+    result = {"machine": machine, "training": bench_training(prof, args, device),
+              "imagination": bench_imagination(prof, args, device)}
+    if args.sim_json:
+        rows = json.loads(Path(args.sim_json).read_text())["rows"]
+        real = [r["aggregate_steps_per_s"] for r in rows if r["mode"] == "cameras@chunk" and r["size"] == prof.main.image_size]
+        if real:
+            result["real_sim_steps_per_s"] = real[0]
+            result["imagined_over_real"] = round(result["imagination"]["imagined_steps_per_s"] / real[0], 2)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
