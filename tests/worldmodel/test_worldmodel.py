@@ -95,6 +95,19 @@ def test_model_shapes_loss_and_batched_generation(trajectories):
     torch.testing.assert_close(one, frame[:1], atol=1e-5, rtol=1e-4)  # a batch is independent samples
 
 
+def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
+    """DeepSpeed's bf16 mode casts the weights; float32 inputs must still work."""
+    torch.manual_seed(0)
+    model = FrameWorldModel(TINY.wrist).to(torch.bfloat16)
+    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    b = t.batch(torch.arange(2), "wrist", True, proprio_stats(t))
+    loss, _ = model.loss(**b)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    frame, prop = model.generate(b["frames"], b["actions"], b["proprio"])
+    assert frame.dtype == torch.float32 and prop.dtype == torch.float32
+
+
 def _wm(args, run, env_extra=None, check=True):
     env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
     env.update(env_extra or {})

@@ -147,6 +147,8 @@ class FrameWorldModel(nn.Module):
         """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
         noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
         actions (B, chunk, A) in [-1, 1]; proprio (B, P) normalised."""
+        dt = self.unet.stem.weight.dtype  # bf16 under DeepSpeed on a GPU: everything in one dtype
+        noisy, sigma, frames, actions, proprio = (t.to(dt) for t in (noisy, sigma, frames, actions, proprio))
         sd = self.cfg.sigma_data
         s = sigma[:, None, None, None]
         c_in = 1 / torch.sqrt(s**2 + sd**2)
@@ -159,6 +161,8 @@ class FrameWorldModel(nn.Module):
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Normalised proprio after the chunk (a residual on the current one)."""
+        dt = self.unet.stem.weight.dtype
+        actions, proprio = actions.to(dt), proprio.to(dt)
         return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1))
 
     def loss(self, target: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
@@ -166,12 +170,13 @@ class FrameWorldModel(nn.Module):
         """EDM denoising loss on the next frame + MSE on the next proprio."""
         cfg = self.cfg
         b = target.shape[0]
+        target = target.float()
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
-        denoised = self.denoise(noisy, sigma, frames, actions, proprio)
-        weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2
+        denoised = self.denoise(noisy, sigma, frames, actions, proprio).float()
+        weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2  # unit-variance targets (EDM)
         frame_loss = (weight[:, None, None, None] * (denoised - target) ** 2).mean()
-        proprio_loss = F.mse_loss(self.next_proprio(actions, proprio), next_proprio)
+        proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
         total = frame_loss + proprio_weight * proprio_loss
         return total, {"frame_loss": frame_loss.detach(), "proprio_loss": proprio_loss.detach()}
 
@@ -193,6 +198,6 @@ class FrameWorldModel(nn.Module):
         noise = torch.randn((b, 3, h, w), generator=generator, device=generator.device if generator else frames.device)
         x = noise.to(frames.device) * sig[0]
         for i in range(steps):
-            d = self.denoise(x, sig[i].expand(b), frames, actions, proprio)
+            d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
-        return x.clamp(-1, 1), self.next_proprio(actions, proprio)
+        return x.clamp(-1, 1), self.next_proprio(actions, proprio).float()

@@ -124,17 +124,15 @@ def check_resume(state_file: Path, world: int) -> None:
 
 
 class Objective(torch.nn.Module):
-    """Wraps the model so DeepSpeed's forward returns the loss (inputs cast to its dtype)."""
+    """Wraps the model so DeepSpeed's forward returns the loss (the model casts its inputs
+    to its weights' dtype; the loss is computed in float32)."""
 
     def __init__(self, model, proprio_weight: float):
         super().__init__()
         self.model, self.proprio_weight = model, proprio_weight
 
     def forward(self, frames, target, actions, proprio, next_proprio):
-        dt = next(self.model.parameters()).dtype
-        total, parts = self.model.loss(target.to(dt), frames.to(dt), actions.to(dt), proprio.to(dt),
-                                       next_proprio.to(dt), self.proprio_weight)
-        return total.float(), parts
+        return self.model.loss(target, frames, actions, proprio, next_proprio, self.proprio_weight)
 
 
 def _load_data(job: WMJob, device):
