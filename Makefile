@@ -200,7 +200,7 @@ check: setup
 #   make bimanual-train STAGE=0|1 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml] [GPUS=0,1]
 #                       [SMOKE=1: 12 iterations, save at 12, own run name] [OVERRIDES="trainer.lr=1e-4"] [DRY_RUN=1]
 #       Checkpoints: RUN/bimanual/<job.name>/checkpoints/iter_*. Rerun the same command to resume.
-#   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root> [PARENT=...]   held-out next-chunk PSNR
+#   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root>   held-out next-chunk PSNR vs copying the last frame
 STAGE          ?= 0
 BIMANUAL_DATA   = $(or $(DATA),$(RUN)/bimanual/bundle)
 BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/bimanual/stage$(STAGE)_*.toml)))

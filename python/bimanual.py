@@ -114,8 +114,12 @@ def cmd_train(a) -> int:
 
 
 def cmd_evaluate(a) -> int:
-    from wmrl.bimanual.train import evaluate
+    from wmrl.bimanual.train import evaluate, read_root
 
+    if not any(o.startswith("checkpoint.load_path=") for o in a.overrides):
+        # the parent is not needed to evaluate; take the one the checkpoint recorded
+        meta = read_root(Path(a.checkpoint))
+        a.overrides = [*a.overrides, f"checkpoint.load_path={meta.get('parent') or a.checkpoint}"]
     cfg = _stage_config(a)
     report = evaluate(cfg, a.checkpoint, max_windows=a.max_windows, steps=a.steps, use_ema=not a.net_weights)
     _print(report)

@@ -136,8 +136,11 @@ class TrainerConfig:
     log_iter: int = 50
     seed: int = 0
     device: str = "auto"  # auto: cuda if available
+    precision: str = "bf16"  # autocast on CUDA; the CPU always computes in fp32
 
     def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "fp32"):
+            raise ConfigError(f"trainer.precision={self.precision!r}: choose bf16 or fp32")
         if self.max_iter < 1:
             raise ConfigError(f"trainer.max_iter={self.max_iter}: must be >= 1")
         if self.lr <= 0 or self.grad_clip <= 0 or self.log_iter < 1 or self.warmup_iter < 0:

@@ -11,8 +11,12 @@ where ``a_f`` is the (normalised, padded) action of the transition that *leads t
 three action modules that a base checkpoint does not have (Stage 0 starts them fresh);
 ``action_modulation`` starts at zero so a loaded base model is unchanged at step 0.
 
-Objective: flow matching (rectified flow). ``x_t = (1 - t) x_0 + t eps``, the network
-predicts ``v = eps - x_0``; generation integrates t from 1 to 0 with Euler steps.
+Objective: flow matching (rectified flow), ``x_t = (1 - t) x_0 + t eps`` with velocity
+``v = eps - x_0``. The network predicts the clean frame ``x_0`` and the loss is taken on the
+implied velocity ``(x_t - x_0_hat) / t`` (x-prediction, v-loss). In pixel space with large
+patches a token is narrower than its patch (8x8x3 = 192 values): predicting noise or
+velocity through that bottleneck leaves noise in every sample, predicting the smooth clean
+frame does not. Generation integrates t from 1 to 0 with Euler steps on the implied velocity.
 
 Attention modes (frames grouped into blocks of ``block_frames``; frame 0 is block 0):
 
@@ -39,6 +43,7 @@ from wmrl.bimanual.config import ModelConfig
 
 NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation")
 NUM_DOMAINS = 8  # embedding rows; the bundle's domain IDs must be below this
+T_MIN = 0.05  # the implied velocity divides by t; clamp it (x-prediction, as in JiT)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -129,7 +134,7 @@ class VideoWorldModel(nn.Module):
         return self.caption_proj(e.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
 
     def _forward(self, frames, frame_idx, t, act, amask, domain, cap_vec, mask=None, cache=None, append=False):
-        """frames (B,S,3,H,W), frame_idx (S,), t (B,S), act/amask (B,S,A) -> v (B,S,3,H,W)."""
+        """frames (B,S,3,H,W), frame_idx (S,), t (B,S), act/amask (B,S,A) -> x0 (B,S,3,H,W)."""
         b, s = frames.shape[:2]
         n = self.tokens_per_frame
         x = self.patch_embed(self.patchify(frames)).view(b, s, n, -1)
@@ -182,7 +187,7 @@ class VideoWorldModel(nn.Module):
         return torch.cat([top, torch.cat([nc, nn_], 1)], 0)
 
     def forward_teacher_forcing(self, clean, noisy, t, batch):
-        """Stage 1: predict v for noisy frames 1..T given clean frames 0..T-1."""
+        """Stage 1: predict clean frames 1..T from noisy ones, given clean frames 0..T-1."""
         f = clean.shape[1]
         dev = clean.device
         act, am = self.frame_actions(batch["actions"], batch["action_mask"])
@@ -221,8 +226,9 @@ class VideoWorldModel(nn.Module):
         x = torch.randn(b, s, 3, self.image_size, self.image_size, device=act.device, generator=generator)
         ts = torch.linspace(1.0, 0.0, steps + 1, device=act.device)
         for i in range(steps):
-            v = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False)
-            x = x + (ts[i + 1] - ts[i]) * v
+            x0 = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False)
+            v = (x - x0) / ts[i].clamp(min=T_MIN)
+            x = x + (ts[i + 1] - ts[i]) * v  # the last step lands on x0
         return x.clamp(-1, 1)
 
     @torch.no_grad()
@@ -280,9 +286,10 @@ def flow_loss(model: VideoWorldModel, batch, mode: str, generator=None) -> tuple
     xt = (1 - tt) * x0 + tt * eps
     target = eps - x0
     if mode == "bidirectional":
-        v = model.forward_bidirectional(xt, t, batch)[:, 1:]
+        x0_hat = model.forward_bidirectional(xt, t, batch)[:, 1:]
     else:
-        v = model.forward_teacher_forcing(x0, xt, t, batch)
+        x0_hat = model.forward_teacher_forcing(x0, xt, t, batch)
+    v = (xt[:, 1:] - x0_hat) / tt[:, 1:].clamp(min=T_MIN)
     w = batch["frame_mask"][:, 1:].float()
     per_frame = ((v - target[:, 1:]) ** 2).mean((2, 3, 4))
     loss = (per_frame * w).sum() / w.sum().clamp(min=1)

@@ -465,9 +465,11 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress or dist.rank != 0,
                file=sys.stderr, initial=start, total=cfg.trainer.max_iter)
     last_save = None
+    amp = device.type == "cuda" and cfg.trainer.precision == "bf16"
     for it0 in bar:
         batch = {k: v.to(device) for k, v in loader.next_batch()[0].items()}
-        loss, _ = flow_loss(net, batch, cfg.mode)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss, _ = flow_loss(net, batch, cfg.mode)
         if not torch.isfinite(loss):
             raise TrainError(f"iteration {it0 + 1}: non-finite loss ({float(loss)}); lower trainer.lr or check the bundle "
                              "(make bimanual-materialize)")
@@ -556,11 +558,14 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     bundle = Bundle(cfg.data.bundle)
     net = build_model(cfg, bundle)
     net.load_state_dict(load_net_state(root, use_ema=use_ema), strict=True)
-    net.eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    net.to(device).eval()
     loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="val", batch_size=cfg.data.batch_size)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     model_p, copy_p, n = [], [], 0
+    t0 = time.time()
     for batch, wins in loader.iter_val(limit=max_windows):
+        batch = {k: v.to(device) for k, v in batch.items()}
         gen = net.rollout(batch, context_frames=1, teacher_forced=True, steps=steps, generator=g)
         real = batch["video"]
         valid = batch["frame_mask"][:, 1:]
@@ -568,10 +573,11 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
         # baseline: every frame of a block predicted by the last real frame before the block
         f = real.shape[1]
         blocks = net.frame_block(torch.arange(f))
-        first = torch.tensor([int(torch.nonzero(blocks == blocks[i])[0]) for i in range(f)])
+        first = torch.tensor([int(torch.nonzero(blocks == blocks[i])[0]) for i in range(f)], device=device)
         copy_p.append(psnr(real[:, (first - 1).clamp(min=0)][:, 1:], real[:, 1:])[valid])
         n += len(wins)
     mp, cp = torch.cat(model_p), torch.cat(copy_p)
     return {"checkpoint": str(root), "stage": meta.get("stage"), "iteration": meta.get("iteration"), "weights": "ema" if use_ema else "net",
             "val_windows": n, "frames": int(mp.numel()), "psnr_model_db": float(mp.mean()), "psnr_copy_last_db": float(cp.mean()),
-            "denoise_steps": steps or cfg.model.denoise_steps, "block_frames": cfg.model.block_frames}
+            "denoise_steps": steps or cfg.model.denoise_steps, "block_frames": cfg.model.block_frames,
+            "seconds": round(time.time() - t0, 2), "device": str(device)}
