@@ -18,8 +18,8 @@ RUNTIME  ?= local
 #   python -m wmrl.containers run --image train|wm -- ARGS
 # (repository mounted at its own path, caller's uid, GPUS -> DeviceRequest; see
 # python/wmrl/containers/run.py). A new target that calls $(TRAIN_PY)/$(WM_PY) and depends on
-# `setup` works in both runtimes without further changes. Host-side targets (setup, lock,
-# wheelhouse, build, test, offline-*) always run on the host.
+# `setup` works in both runtimes without further changes. Host-side targets (setup, lock, test,
+# wheelhouse, build, offline-*) always run on the host (test and offline-bundle use the venvs).
 DRIVER_PY      := .venv/driver/bin/python
 CONTAINERS      = PYTHONPATH=python $(DRIVER_PY) -m wmrl.containers
 DRIVER_PYTHON  ?= $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3.11)
@@ -81,7 +81,7 @@ demo: setup
 	$(MAKE) --no-print-directory validate DATA=runs/demo/demos
 	$(MAKE) --no-print-directory eval PROFILE=tiny POLICY=expert OUT=runs/demo/eval_expert VIDEOS=1
 
-test: setup
+test: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
 	@scripts/run_tests.sh $(TESTS)
 
 demos: setup
@@ -129,7 +129,7 @@ SKIP           ?= $(OFFLINE_SKIP_$(OFFLINE_PY_MM))
 .PHONY: offline-bundle offline-install
 
 offline-bundle: .venv/train/.lock.sha256
-	$(TRAIN_PY) python/offline_bundle.py build --out $(or $(OUT),.offline/py$(subst .,,$(OFFLINE_PY_MM))) \
+	.venv/train/bin/python python/offline_bundle.py build --out $(or $(OUT),.offline/py$(subst .,,$(OFFLINE_PY_MM))) \
 		--python-version $(OFFLINE_PY_MM) $(if $(filter 1 yes true,$(WITH_TORCH)),--with-torch) $(call opt,--skip,$(SKIP))
 
 offline-install:

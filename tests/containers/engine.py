@@ -70,6 +70,7 @@ class Daemon:
     proc: subprocess.Popen
     storage: str
     lock_fd: int
+    run_dir: Path
 
     def stop(self) -> None:
         if self.lock_fd < 0:
@@ -81,8 +82,18 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        _cleanup(self.run_dir)
         os.close(self.lock_fd)
         self.lock_fd = -1
+
+
+def _cleanup(run_dir: Path) -> None:
+    """Unmount what dockerd left under its exec root (the default network namespace), then remove it."""
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(run_dir) + "/")]
+    for m in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", m], capture_output=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def start_daemon() -> Daemon:
@@ -108,13 +119,14 @@ def start_daemon() -> Daemon:
         host = f"unix://{sock}"
         if _wait_ping(host, proc, 60):
             log(f"dockerd ({storage}) on {host}")
-            daemon = Daemon(host, proc, storage, fd)
+            daemon = Daemon(host, proc, storage, fd, run_dir)
             atexit.register(daemon.stop)  # also when the session dies without teardown
             return daemon
         proc.terminate()
         proc.wait(timeout=30)
         tail = (run_dir / f"dockerd-{storage}.log").read_text().strip().splitlines()[-1:] or ["no output"]
         errors.append(f"{storage}: {tail[0][-200:]}")
+    _cleanup(run_dir)
     os.close(fd)
     raise Unavailable("dockerd did not start: " + "; ".join(errors))
 
