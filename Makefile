@@ -44,7 +44,7 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft check wheelhouse build images
+.PHONY: help setup lock demo test demos eval validate bench clean sft check wheelhouse build images shell
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
@@ -61,7 +61,7 @@ help:
 	@echo "make lock       regenerate docker/*.lock from docker/requirements-*.in"
 	@echo "make check      environment check as JSON: Python, lock, GPUs, renderer, limits (both environments)"
 	@echo "make wheelhouse every locked wheel, hash-checked, into wheelhouse/ (IMAGES=train wm)"
-	@echo "make build      the two images from the wheelhouse (IMAGES, BASE_IMAGE); make images: their status"
+	@echo "make build      the two images from the wheelhouse (IMAGES, BASE_IMAGE); make images: their status; make shell IMAGE=wm"
 	@echo "RUNTIME=docker make <target>   run the stages of any target inside the images"
 
 setup: $(SETUP_ENVS)
@@ -186,6 +186,10 @@ build: wheelhouse
 
 images: .venv/driver/.lock.sha256
 	@$(CONTAINERS) status
+
+# An interactive shell in an image (IMAGE=train|wm), with the settings stages get.
+shell: .venv/driver/.lock.sha256
+	$(CONTAINERS) shell --image $(or $(IMAGE),train)
 
 # Environment check of both environments (JSON); REQUIRE_GPU=1 fails without a visible GPU.
 check: setup

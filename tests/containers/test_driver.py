@@ -152,3 +152,23 @@ def test_runtime_local_is_unchanged_and_bad_runtime_is_refused():
     assert ".venv/train/bin/python python/evaluate.py" in make_n("eval", "CKPT=60")
     r = subprocess.run(["make", "-n", "eval", "RUNTIME=podman"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode != 0 and "RUNTIME=podman: use RUNTIME=local" in r.stderr
+
+
+def test_shell_command_line_mirrors_the_run_settings(tmp_path, monkeypatch):
+    from wmrl.containers.run import cli_command
+
+    monkeypatch.chdir(tmp_path)
+    opts = container_options(RunConfig(image_spec("wm"), ("bash",), python=False, gpus="0,2"), {"SEED": "1"}, no_gpu)
+    opts.pop("_gpus")
+    cmd = cli_command(opts, interactive=True)
+    text = " ".join(cmd)
+    assert cmd[:3] == ["docker", "run", "--rm"] and cmd[-2:] == ["wmrl-wm:latest", "bash"]
+    assert '--gpus "device=0,2"' in text and "--ulimit memlock=-1:-1" in text and "--shm-size 16g" in text
+    assert f"--mount type=bind,source={ROOT.resolve()},target={ROOT.resolve()}" in text and "--interactive --tty" in text
+    assert "--env CUDA_VISIBLE_DEVICES=0,1" in text and "--env SEED=1" in text and f"--user {os.getuid()}:{os.getgid()}" in text
+    capped = container_options(RunConfig(image_spec("wm"), ("x",)), {"WMRL_DOCKER_HOST_LIMITS": "1"}, no_gpu)
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    want = -1 if hard == resource.RLIM_INFINITY else hard
+    assert capped["ulimits"][0]["Soft"] == want

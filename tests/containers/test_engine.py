@@ -124,6 +124,17 @@ def test_ctrl_c_stops_and_removes_the_container(docker_engine, test_images):
     assert left == [], [c.name for c in left]
 
 
+def test_shell_runs_a_command_through_the_docker_cli(test_images):
+    spec = test_images["wm"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "WMRL_IMAGE_WM": spec.tag, "WMRL_LOCK_WM": spec.lock,
+           "WMRL_DOCKER_HOST_LIMITS": "1"}
+    r = subprocess.run([sys.executable, "-m", "wmrl.containers", "shell", "--image", "wm", "--", "sh", "-c",
+                        "id -u; python --version"], cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    words = r.stdout.split()
+    assert words[:2] == [str(os.getuid()), "Python"] and words[2].startswith("3.10."), r.stdout
+
+
 def test_missing_image_and_image_from_other_locks_are_refused(test_images):
     with pytest.raises(ContainerError) as e:
         run(RunConfig(image_spec("wm", test_images["wm"].lock, "wmrl-wm:never-built"), ("-c", "pass")))

@@ -4,6 +4,7 @@
     python -m wmrl.containers build train wm                 # make build
     python -m wmrl.containers run --image wm -- python/check.py --env wm
     python -m wmrl.containers run --image train --exec -- bash -lc 'nvidia-smi'
+    python -m wmrl.containers shell --image train            # interactive bash in the train image
     python -m wmrl.containers status
 """
 
@@ -61,6 +62,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no [docker] line before the stage's output")
     r.add_argument("args", nargs=argparse.REMAINDER, help="after --: the stage's arguments")
 
+    sh = sub.add_parser("shell", help="an interactive shell in an image (the docker CLI, same settings as run)")
+    sh.add_argument("--image", required=True, choices=IMAGE_NAMES)
+    _variant(sh)
+    sh.add_argument("--gpus", help="as for run")
+    sh.add_argument("--print", action="store_true", help="print the docker run command instead of running it")
+    sh.add_argument("args", nargs=argparse.REMAINDER, help="after --: a command (default bash)")
+
     s = sub.add_parser("status", help="images present and whether they match the checkout's lock files")
     s.add_argument("--json", action="store_true")
     return p
@@ -94,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                         shm_size=args.shm_size, ipc=args.ipc, network=args.network, mounts=tuple(args.mount),
                         verbose=not args.quiet)
         return run(cfg)
+    if args.cmd == "shell":
+        from wmrl.containers.run import RunConfig, shell
+
+        rest = (args.args[1:] if args.args[:1] == ["--"] else args.args) or ["bash"]
+        return shell(RunConfig(image_spec(args.image, args.lock, args.tag), tuple(rest), python=False, gpus=args.gpus,
+                               verbose=False), print_only=args.print)
     if args.cmd == "status":
         return status(args.json)
     return 2

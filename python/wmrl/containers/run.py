@@ -14,6 +14,8 @@ What a run gets, and why:
 * 16 GiB of ``/dev/shm`` (PyTorch data loaders and NCCL need more than Docker's 64 MiB) or the
   host's IPC namespace (``--ipc host``); unlimited locked memory and a 64 MiB stack (NCCL/RDMA
   pin memory); host networking (torchrun rendezvous, several hosts);
+  (``WMRL_DOCKER_HOST_LIMITS=1``: no higher than this host's own limits, for daemons that may not
+  raise them; ``run`` falls back to that by itself, ``shell`` cannot);
 * the environment variables that change results or placement (seed, GPU selection, rendering,
   threads, NCCL/torch settings, ``WMRL_*``), nothing else from the host.
 
@@ -178,7 +180,8 @@ def container_options(cfg: RunConfig, host_env: dict[str, str] | None = None, de
     opts = dict(
         image=cfg.spec.tag, command=command, user=f"{os.getuid()}:{os.getgid()}", working_dir=workdir,
         environment=env, mounts=mounts, network_mode=cfg.network, init=False,
-        ulimits=[dt.Ulimit(name="memlock", soft=-1, hard=-1), dt.Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES)],
+        ulimits=capped_ulimits() if host_env.get("WMRL_DOCKER_HOST_LIMITS") in ("1", "yes", "true")
+        else [dt.Ulimit(name="memlock", soft=-1, hard=-1), dt.Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES)],
         labels={"org.wmrl.stage": " ".join(command)[:200]},
         name=f"wmrl-{cfg.spec.name}-{os.getpid()}-{secrets.token_hex(3)}",
     )
@@ -311,3 +314,45 @@ def _stop(container) -> None:
             pass
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def cli_command(opts: dict, interactive: bool) -> list[str]:
+    """The ``docker run`` command line with the same settings as ``container_options`` (for an
+    interactive shell, which docker-py cannot attach a terminal to, and for ``--print``)."""
+    cmd = ["docker", "run", "--rm", "--init", "--name", opts["name"], "--user", opts["user"], "--workdir", opts["working_dir"],
+           "--network", opts["network_mode"]]
+    if interactive:
+        cmd += ["--interactive", "--tty"]
+    cmd += ["--ipc", opts["ipc_mode"]] if "ipc_mode" in opts else ["--shm-size", opts["shm_size"]]
+    for u in opts["ulimits"]:
+        cmd += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
+    for m in opts["mounts"]:
+        cmd += ["--mount", f"type=bind,source={m['Source']},target={m['Target']}" + (",readonly" if m.get("ReadOnly") else "")]
+    for req in opts.get("device_requests", []):
+        ids = req.get("DeviceIDs")
+        cmd += ["--gpus", f'"device={",".join(ids)}"' if ids else "all"]
+    for k, v in sorted(opts["environment"].items()):
+        cmd += ["--env", f"{k}={v}"]
+    return cmd + [opts["image"], *opts["command"]]
+
+
+def shell(cfg: RunConfig, print_only: bool = False) -> int:
+    """An interactive shell (or any command with a terminal) in the image, through the docker CLI."""
+    import shlex
+
+    opts = container_options(cfg)
+    opts.pop("_gpus")
+    get_image(connect(timeout=30), cfg.spec)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    cmd = cli_command(opts, interactive)
+    if print_only:
+        print(shlex.join(cmd))
+        return 0
+    import shutil
+
+    exe = shutil.which("docker")
+    if exe is None:
+        raise ContainerError("the docker command-line client is not installed: an interactive shell needs it "
+                             "(`--print` shows the command; stages run without it through `run`)")
+    os.execv(exe, cmd)
+    return 0  # not reached
