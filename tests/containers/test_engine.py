@@ -21,6 +21,7 @@ from tests.containers import engine as E
 from wmrl.containers import ContainerError
 from wmrl.containers.images import LABEL_LOCK_SHA, LABEL_PYTHON, LABEL_REVISION, LABEL_VERSION, image_spec, kit_version
 from wmrl.containers.run import RunConfig, run
+from wmrl.fileio import sha256_file
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,7 @@ def test_images_carry_their_labels(docker_engine, test_images):
         img = docker_engine.images.get(spec.tag)
         labels = img.labels
         assert labels[LABEL_LOCK_SHA] == spec.lock_sha256()
+        assert labels["org.wmrl.build-lock.sha256"] == sha256_file(ROOT / "docker/build.lock")
         assert labels[LABEL_PYTHON] == {"train": "3.11", "wm": "3.10"}[name]
         assert labels[LABEL_VERSION] == kit_version() and labels[LABEL_REVISION] not in ("", "unknown")
         cfg = img.attrs["Config"]

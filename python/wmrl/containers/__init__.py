@@ -2,7 +2,7 @@
 
 ``python -m wmrl.containers`` (docker-py; see ``__main__``):
 
-* ``wheelhouse``: download every file a lock pins, hash-checked, into ``wheelhouse/<image>/``
+* ``wheelhouse``: download every file a lock pins, hash-checked, into ``wheelhouse/<lock>/``
   (reuses the offline bundler's pip plumbing). Run where a package index is reachable.
 * ``build``: build an image from its Dockerfile with a build context of exactly the files the
   image needs (Dockerfile, lock files, entry point, ``python/``, the wheelhouse), streaming

@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def status(as_json: bool) -> int:
+    import docker
+
     from wmrl.containers.engine import connect, daemon_address
 
     client = connect(timeout=30)
@@ -126,9 +128,8 @@ def status(as_json: bool) -> int:
             labels = img.labels or {}
             row.update(present=True, id=img.short_id, size_gib=round((img.attrs.get("Size") or 0) / 2**30, 2),
                        lock_matches=labels.get(LABEL_LOCK_SHA) == spec.lock_sha256(), commit=labels.get(LABEL_REVISION))
-        except Exception as e:  # docker.errors.ImageNotFound, without importing docker here
-            if type(e).__name__ != "ImageNotFound":
-                raise
+        except docker.errors.ImageNotFound:
+            pass
         rows.append(row)
     if as_json:
         print(json.dumps({"daemon": daemon_address(), "images": rows}, indent=2))

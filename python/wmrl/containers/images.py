@@ -19,6 +19,7 @@ BUILD_LOCK = "docker/build.lock"  # pip/setuptools/wheel, installed first in bot
 LABEL_IMAGE = "org.wmrl.image"
 LABEL_LOCK_SHA = "org.wmrl.lock.sha256"
 LABEL_LOCK_FILE = "org.wmrl.lock.file"
+LABEL_BUILD_LOCK_SHA = "org.wmrl.build-lock.sha256"
 LABEL_PYTHON = "org.wmrl.python"
 LABEL_VERSION = "org.opencontainers.image.version"
 LABEL_REVISION = "org.opencontainers.image.revision"
@@ -112,6 +113,7 @@ def build_args(spec: ImageSpec) -> dict[str, str]:
         "BUILD_LOCK": BUILD_LOCK,
         "WHEELHOUSE": spec.wheelhouse,
         "LOCK_SHA256": spec.lock_sha256(),
+        "BUILD_LOCK_SHA256": sha256_file(spec.repo / BUILD_LOCK),
         "KIT_VERSION": kit_version(),
         "GIT_COMMIT": git_commit(spec.repo),
     }
