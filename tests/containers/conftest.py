@@ -63,8 +63,9 @@ def test_images(docker_engine):
         info = build(BuildConfig(spec, base_image=bases[name], quiet=True), client=docker_engine)
         timings[name] = {"build_s": round(time.monotonic() - start, 1), "size_gib": round(info["size_bytes"] / 2**30, 2)}
         specs[name] = spec
-    # Layers of older Dockerfile versions pile up in the cached data root; keep a day's worth
-    # (the current build's own intermediate stages stay cached for the next run).
-    docker_engine.images.prune(filters={"dangling": True, "until": "24h"})
+    # Layers of older Dockerfile versions pile up in the cached data root: drop dangling images
+    # created over an hour ago (this session's intermediate stages stay cached for the next run;
+    # one reused from an older session may be rebuilt once, about a minute).
+    docker_engine.images.prune(filters={"dangling": True, "until": "1h"})
     E.log(f"test images ready: {timings}")
     return specs
