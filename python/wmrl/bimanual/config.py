@@ -231,7 +231,8 @@ def _expand(value: Any, where: str) -> Any:
             return os.environ[name]
         if default is not None:
             return default
-        raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=... or override {where}=...)")
+        hint = " (with make: PARENT=<the parent stage's completed iteration root>)" if where == "checkpoint.load_path" else ""
+        raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=... or override {where}=...){hint}")
 
     return _ENV.sub(sub, value)
 
