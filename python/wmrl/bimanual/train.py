@@ -125,6 +125,9 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
     backend = cfg.parallelism.backend
     if backend == "auto":
         backend = "deepspeed" if world > 1 else "plain"
+    if backend == "plain" and world > 1:
+        raise TrainError(f"{world} processes with parallelism.backend=plain would train {world} separate copies; "
+                         "use backend auto or deepspeed")
     return {
         "stage": cfg.job.stage,
         "mode": cfg.mode,
