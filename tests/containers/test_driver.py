@@ -63,8 +63,7 @@ def test_absolute_paths_outside_the_repository_are_mounted(tmp_path):
 def test_container_options(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = image_spec("train")
-    opts = container_options(RunConfig(spec, ("python/check.py",), gpus="1,3"), {"SEED": "3"}, no_gpu)
-    gpus = opts.pop("_gpus")
+    opts, gpus = container_options(RunConfig(spec, ("python/check.py",), gpus="1,3"), {"SEED": "3"}, no_gpu)
     assert gpus.ids == ("1", "3")
     (req,) = opts["device_requests"]
     assert req["Driver"] == "nvidia" and req["DeviceIDs"] == ["1", "3"] and req["Capabilities"] == [["gpu"]]
@@ -75,9 +74,9 @@ def test_container_options(tmp_path, monkeypatch):
     assert limits == {"memlock": (-1, -1), "stack": (64 * 2**20, 64 * 2**20)}
     assert [(m["Source"], m["Target"]) for m in opts["mounts"]] == [(str(ROOT.resolve()), str(ROOT.resolve()))]
     assert opts["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1" and opts["environment"]["SEED"] == "3"
-    cpu = container_options(RunConfig(spec, ("-c", "pass"), ipc="host"), {"GPUS": "none"}, has_gpu)
+    cpu, _ = container_options(RunConfig(spec, ("-c", "pass"), ipc="host"), {"GPUS": "none"}, has_gpu)
     assert "device_requests" not in cpu and cpu["ipc_mode"] == "host" and "shm_size" not in cpu
-    every = container_options(RunConfig(spec, ("x",), python=False), {}, has_gpu)
+    every, _ = container_options(RunConfig(spec, ("x",), python=False), {}, has_gpu)
     assert every["device_requests"][0]["Count"] == -1 and every["command"] == ["x"]
 
 
@@ -158,15 +157,14 @@ def test_shell_command_line_mirrors_the_run_settings(tmp_path, monkeypatch):
     from wmrl.containers.run import cli_command
 
     monkeypatch.chdir(tmp_path)
-    opts = container_options(RunConfig(image_spec("wm"), ("bash",), python=False, gpus="0,2"), {"SEED": "1"}, no_gpu)
-    opts.pop("_gpus")
+    opts, _ = container_options(RunConfig(image_spec("wm"), ("bash",), python=False, gpus="0,2"), {"SEED": "1"}, no_gpu)
     cmd = cli_command(opts, interactive=True)
     text = " ".join(cmd)
     assert cmd[:3] == ["docker", "run", "--rm"] and cmd[-2:] == ["wmrl-wm:latest", "bash"]
     assert '--gpus "device=0,2"' in text and "--ulimit memlock=-1:-1" in text and "--shm-size 16g" in text
     assert f"--mount type=bind,source={ROOT.resolve()},target={ROOT.resolve()}" in text and "--interactive --tty" in text
     assert "--env CUDA_VISIBLE_DEVICES=0,1" in text and "--env SEED=1" in text and f"--user {os.getuid()}:{os.getgid()}" in text
-    capped = container_options(RunConfig(image_spec("wm"), ("x",)), {"WMRL_DOCKER_HOST_LIMITS": "1"}, no_gpu)
+    capped, _ = container_options(RunConfig(image_spec("wm"), ("x",)), {"WMRL_DOCKER_HOST_LIMITS": "1"}, no_gpu)
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]

@@ -157,8 +157,10 @@ class RunConfig:
     verbose: bool = True
 
 
-def container_options(cfg: RunConfig, host_env: dict[str, str] | None = None, detect=host_has_nvidia_gpus) -> dict:
-    """Everything ``containers.create`` gets (docker-py keyword arguments), without the engine."""
+def container_options(cfg: RunConfig, host_env: dict[str, str] | None = None,
+                      detect=host_has_nvidia_gpus) -> tuple[dict, GpuSelection]:
+    """Everything ``containers.create`` gets (docker-py keyword arguments), without the engine,
+    and the GPU selection it encodes (for messages)."""
     import docker.types as dt
 
     host_env = dict(os.environ if host_env is None else host_env)
@@ -193,8 +195,7 @@ def container_options(cfg: RunConfig, host_env: dict[str, str] | None = None, de
         req = dict(driver="nvidia", capabilities=[["gpu"]])
         req.update(count=-1) if gpus.mode == "all" else req.update(device_ids=list(gpus.ids))
         opts["device_requests"] = [dt.DeviceRequest(**req)]
-    opts["_gpus"] = gpus  # for messages; removed before create
-    return opts
+    return opts, gpus
 
 
 def _write(stream, data: bytes | None) -> None:
@@ -207,8 +208,7 @@ def run(cfg: RunConfig, client=None) -> int:
     """Run the stage; returns its exit code (130 after Ctrl-C)."""
     import docker
 
-    opts = container_options(cfg)
-    gpus: GpuSelection = opts.pop("_gpus")
+    opts, gpus = container_options(cfg)
     client = client or connect(timeout=None)
     image = get_image(client, cfg.spec)
     if cfg.verbose:
@@ -340,8 +340,7 @@ def shell(cfg: RunConfig, print_only: bool = False) -> int:
     """An interactive shell (or any command with a terminal) in the image, through the docker CLI."""
     import shlex
 
-    opts = container_options(cfg)
-    opts.pop("_gpus")
+    opts, _ = container_options(cfg)
     get_image(connect(timeout=30), cfg.spec)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     cmd = cli_command(opts, interactive)
