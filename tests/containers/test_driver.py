@@ -42,6 +42,10 @@ def test_environment_passes_what_changes_results_and_renumbers_gpus(tmp_path):
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["GPUS"] == "0,1" and env["WMRL_HOST_GPUS"] == "2,3"
     assert not {"HOME", "PATH", "AWS_SECRET_ACCESS_KEY", "WMRL_IMAGE_TRAIN", "WMRL_SKIP_LOCK_CHECK"} & set(env)
     assert env["PYTHONPATH"] == str(tmp_path / "python")
+    recipe = {"BIMANUAL_BUNDLE": "runs/b", "WM_GPUS_MAIN": "0", "MY_SETTING": "x", "OTHER": "y", "WMRL_DOCKER_ENV": "MY_SETTING"}
+    env = stage_environment(recipe, select_gpus("all", {}, no_gpu), tmp_path)
+    assert env["BIMANUAL_BUNDLE"] == "runs/b" and env["WM_GPUS_MAIN"] == "0" and env["MY_SETTING"] == "x"
+    assert "OTHER" not in env and "WMRL_DOCKER_ENV" not in env
     cpu = stage_environment({"GPUS": "none"}, select_gpus(None, {"GPUS": "none"}, has_gpu), tmp_path)
     assert cpu["MUJOCO_GL"] == "osmesa" and cpu["PYOPENGL_PLATFORM"] == "osmesa" and cpu["DS_ACCELERATOR"] == "cpu"
     assert "GPUS" not in cpu

@@ -43,7 +43,10 @@ PASS_NAMES = frozenset({
     "LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DS_ACCELERATOR", "TQDM_DISABLE", "MASTER_ADDR",
     "MASTER_PORT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_LAUNCH_BLOCKING", "TZ",
 })
-PASS_PREFIXES = ("WMRL_", "NCCL_", "TORCH_", "CUBLAS_")
+# Prefixes of variables that stages (or Make recipes, e.g. BIMANUAL_BUNDLE=...) hand to a stage.
+# A stage reading another variable: name it WMRL_*, add its prefix here, or list it in
+# WMRL_DOCKER_ENV=NAME,NAME at run time.
+PASS_PREFIXES = ("WMRL_", "NCCL_", "TORCH_", "CUBLAS_", "WM_", "BIMANUAL_")
 # Set by the image or meant for the driver itself: never copied from the host.
 DRIVER_ONLY = re.compile(r"^WMRL_(DOCKER_.*|IMAGE(_.*)?|LOCK(_.*)?|SKIP_LOCK_CHECK|RUNTIME|HOST_GPUS)$")
 SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/run")
@@ -88,8 +91,9 @@ def select_gpus(flag: str | None, env: dict[str, str], detect=host_has_nvidia_gp
 
 
 def stage_environment(host_env: dict[str, str], gpus: GpuSelection, repo: Path) -> dict[str, str]:
+    extra = {n.strip() for n in host_env.get("WMRL_DOCKER_ENV", "").split(",") if n.strip()}
     env = {k: v for k, v in host_env.items()
-           if (k in PASS_NAMES or k.startswith(PASS_PREFIXES)) and not DRIVER_ONLY.match(k)}
+           if (k in PASS_NAMES or k in extra or k.startswith(PASS_PREFIXES)) and not DRIVER_ONLY.match(k)}
     env["PYTHONPATH"] = str(repo / "python")
     env["WMRL_RUNTIME"] = "docker"
     if gpus.mode == "ids":  # the container sees only these, numbered from 0
