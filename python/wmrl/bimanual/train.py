@@ -37,7 +37,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from wmrl import __version__
 from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
+from wmrl.lineage import git_commit
 
 
 
@@ -160,14 +160,6 @@ def _new_modules() -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return ""
-
-
 def build_model(cfg: StageConfig, bundle: Bundle):
     from wmrl.bimanual.model import VideoWorldModel
 
@@ -454,7 +446,7 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
             "parent": str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else "",
             "parallelism": {"backend": plan["parallelism"]["backend"], "world_size": dist.world,
                             "zero_stage": cfg.parallelism.zero_stage if use_ds else None},
-            "config": resolved, "kit_version": __version__, "git_commit": _git_commit(),
+            "config": resolved, "kit_version": __version__, "git_commit": git_commit(),
             "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
     log_path = run_dir / "log.jsonl"
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_iteration": start, "resumed": resume,
