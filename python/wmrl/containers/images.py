@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from wmrl.containers.errors import ContainerError
 from wmrl.fileio import sha256_file
+from wmrl.lineage import git_commit
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_NAMES = ("train", "wm")
@@ -93,16 +93,6 @@ def kit_version() -> str:
     from wmrl import __version__
 
     return __version__
-
-
-def git_commit(repo: Path = REPO) -> str:
-    """The checkout's commit, with ``-dirty`` when tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--"], capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if dirty.returncode == 1 else "")
 
 
 def build_args(spec: ImageSpec) -> dict[str, str]:
