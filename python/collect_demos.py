@@ -22,11 +22,13 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p.add_argument("--episodes", type=int, help="successful demonstrations per task (default 50)")
     p.add_argument("--frame-interval", type=int,
                    help="record the cameras every N steps (1: every step; 0: chunk boundaries only; default: profile's)")
+    p.add_argument("--action-noise", type=float,
+                   help="DART: std of noise on the executed arm actions, clean ones stored as labels (default 0: off)")
     cli.add_common(p)
     args = p.parse_args(argv)
     prof = get_profile(args.profile)
     demos = override(prof.demos, tasks=parse_tasks(args.tasks), episodes=args.episodes, workers=args.workers,
-                     seed=args.seed, frame_interval=args.frame_interval)
+                     seed=args.seed, frame_interval=args.frame_interval, action_noise=args.action_noise)
     return args, Profile(prof.name, cli.sim_config(args, prof.sim), prof.eval, demos)
 
 
@@ -37,7 +39,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
     if args.dry_run:
         cli.print_plan("collect demonstrations", {
             "tasks": prof.demos.tasks, "episodes_per_task": prof.demos.episodes, "reset": "seeded random placement (mode=train)",
-            "frame_interval": prof.demos.frame_interval,
+            "frame_interval": prof.demos.frame_interval, "action_noise": prof.demos.action_noise,
             "files": [str(task_file(out, t)) for t in prof.demos.tasks], "sim": prof.sim})
         return 0
     summary = collect_demos(prof.demos, prof.sim, out, overwrite=args.overwrite, progress=not args.no_progress)

@@ -109,9 +109,15 @@ class DemoConfig:
     # is nearly free with EGL). 0 records chunk boundaries only (the tiny profile: OSMesa
     # renders slowly on CPUs).
     frame_interval: int = 1
+    # DART (Laskey et al. 2017): std of Gaussian noise added to the expert's arm actions when
+    # executed; the clean action is stored as the label (``action_labels``), so the policy
+    # learns the expert's recoveries from the states its own errors lead to. 0: off.
+    action_noise: float = 0.0
 
     def __post_init__(self) -> None:
         _check_tasks(self.tasks, "demonstrations")
+        if not 0.0 <= self.action_noise <= 1.0:
+            raise ConfigError(f"action_noise={self.action_noise}: a std in [0, 1] (actions live in [-1, 1]); 0 turns it off")
         if self.frame_interval < 0:
             raise ConfigError(f"frame_interval={self.frame_interval}: use 0 (chunk boundaries only) or N >= 1 "
                               "(a frame every N steps)")

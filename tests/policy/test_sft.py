@@ -187,3 +187,16 @@ def test_entry_script_validates_before_importing_torch(root, tmp_path, demo_dir)
     res = subprocess.run([sys.executable, "python/sft.py", "--run", str(tmp_path / "r"), "--data", str(tmp_path / "nope")],
                          cwd=root, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "make demos" in res.stderr
+
+
+def test_dart_demonstrations_train_on_the_expert_labels_not_the_executed_actions(tmp_path):
+    from tests.policy.conftest import learnable_trajectory
+    from wmrl.data.trajectory import TrajectoryWriter
+
+    traj = learnable_trajectory(0)
+    traj.action_labels = traj.actions.copy()
+    traj.actions = np.clip(traj.actions + 0.2, -1, 1)  # what was executed
+    w = TrajectoryWriter(tmp_path / "dart.hdf5")
+    w.append(traj)
+    ep = read_episodes([w.finalize()], workers=1)[0]
+    np.testing.assert_array_equal(ep["actions"], traj.action_labels)

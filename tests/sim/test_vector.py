@@ -57,6 +57,18 @@ def test_frames_between_chunk_boundaries_leave_the_episode_unchanged(one_worker)
     assert not np.array_equal(dense.main[1], dense.main[0])  # the extra frames are real renders
 
 
+def test_dart_noise_executes_perturbed_actions_and_keeps_the_clean_ones_as_labels(tmp_path):
+    r = _run(1, specs=SPECS[1:2], action_noise=0.3)[0]
+    t = r.trajectory
+    assert t.action_labels is not None and t.action_labels.shape == t.actions.shape == (24, 7)
+    assert np.abs(t.actions[:, :6] - t.action_labels[:, :6]).mean() > 0.1  # arm perturbed
+    np.testing.assert_array_equal(t.actions[:, 6], t.action_labels[:, 6])  # gripper never
+    assert np.abs(t.actions).max() <= 1 and t.attrs["policy_id"].endswith("+dart0.3")
+    w = TrajectoryWriter(tmp_path / "dart.hdf5")
+    w.append(t)
+    assert validate_file(w.finalize()).ok
+
+
 class ConstantPolicy:
     policy_id = "constant-down"
 

@@ -13,6 +13,8 @@ Layout (robomimic/LIBERO-like, one group per episode)::
         rewards              (F,)         float32 1.0 where the goal holds at that frame
         dones                (F,)         uint8   1 at the last frame
         actions              (T, 7)       float32 every executed action, T = frame_step[-1]
+        action_labels        (T, 7)       float32 optional: what the expert meant, where the
+                                                  executed action was perturbed (DART demos)
 
 Frame k is the observation after ``frame_step[k]`` policy steps, and the actions between
 frame k and k+1 are ``actions[frame_step[k]:frame_step[k+1]]``. Rollouts record the chunk
@@ -72,6 +74,7 @@ class Trajectory:
     rewards: np.ndarray  # (F,) float32
     actions: np.ndarray  # (T, 7) float32
     attrs: dict[str, Any] = field(default_factory=dict)
+    action_labels: np.ndarray | None = None  # (T, 7): the expert's unperturbed actions, if perturbed
 
     @property
     def num_frames(self) -> int:
@@ -94,6 +97,7 @@ class TrajectoryRecorder:
     def __init__(self) -> None:
         self._frames: dict[str, list] = {k: [] for k in ("main", "wrist", "proprio", "states", "frame_step", "rewards")}
         self._actions: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
 
     def add_frame(self, *, main, wrist, proprio, state, step: int, goal_holds: bool) -> None:
         self._frames["main"].append(np.asarray(main, dtype=np.uint8))
@@ -103,8 +107,11 @@ class TrajectoryRecorder:
         self._frames["frame_step"].append(int(step))
         self._frames["rewards"].append(1.0 if goal_holds else 0.0)
 
-    def add_action(self, action) -> None:
+    def add_action(self, action, label=None) -> None:
+        """An executed action; ``label``: the expert's own action when ``action`` was perturbed."""
         self._actions.append(np.asarray(action, dtype=np.float32).reshape(7))
+        if label is not None:
+            self._labels.append(np.asarray(label, dtype=np.float32).reshape(7))
 
     def finish(self, attrs: dict[str, Any]) -> Trajectory:
         f = self._frames
@@ -117,6 +124,7 @@ class TrajectoryRecorder:
             rewards=np.asarray(f["rewards"], dtype=np.float32),
             actions=np.stack(self._actions) if self._actions else np.zeros((0, 7), np.float32),
             attrs=dict(attrs),
+            action_labels=np.stack(self._labels) if self._labels else None,
         )
 
 
@@ -133,6 +141,8 @@ def _write_episode(group, traj: Trajectory) -> None:
     group.create_dataset("rewards", data=traj.rewards.astype(np.float32))
     group.create_dataset("dones", data=traj.dones)
     group.create_dataset("actions", data=traj.actions.astype(np.float32))
+    if traj.action_labels is not None:
+        group.create_dataset("action_labels", data=traj.action_labels.astype(np.float32))
     for key, typ in EPISODE_ATTRS.items():
         if key not in traj.attrs:
             raise TrajectoryError(f"episode attribute {key!r} missing; every writer must set {sorted(EPISODE_ATTRS)}")
@@ -251,6 +261,7 @@ def read_episode(group) -> Trajectory:
         rewards=group["rewards"][()],
         actions=group["actions"][()],
         attrs=_read_attrs(group),
+        action_labels=group["action_labels"][()] if "action_labels" in group else None,
     )
 
 

@@ -88,6 +88,10 @@ def _check_episode(name: str, g, problems: list[str]) -> tuple[int, int, bool]:
             bad(f"{key} holds NaN or infinite values")
     if actions.size and np.isfinite(actions).all() and np.abs(actions).max() > 1.0 + 1e-6:
         bad(f"actions outside [-1, 1] (max |a| = {np.abs(actions).max():.3f})")
+    if "action_labels" in g:
+        labels = g["action_labels"][()]
+        if labels.shape != actions.shape or labels.dtype != np.float32 or not np.all(np.isfinite(labels)):
+            bad(f"action_labels must be finite float32 of the actions' shape {actions.shape}, got {labels.dtype} {labels.shape}")
     if frames:
         if fs[0] != 0 or np.any(np.diff(fs) <= 0):
             bad("frame_step must start at 0 and increase strictly")

@@ -46,7 +46,8 @@ def _read_file(path: str) -> list[dict]:
                 "main": obs["agentview_rgb"][()], "wrist": obs["eye_in_hand_rgb"][()],
                 "proprio": obs["proprio"][()].astype(np.float32),
                 "frame_step": g["frame_step"][()].astype(np.int64),
-                "actions": g["actions"][()].astype(np.float32),
+                # DART demonstrations: learn the expert's clean actions, not the perturbed ones
+                "actions": (g["action_labels"] if "action_labels" in g else g["actions"])[()].astype(np.float32),
             })
     return out
 

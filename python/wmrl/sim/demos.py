@@ -121,7 +121,7 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
         bar = tqdm(total=todo, desc="demos", unit="demo", disable=not progress)
         try:
             with SimulatorPool(sim, workers, step_policy="expert", record=True,
-                               frame_interval=cfg.frame_interval) as pool:
+                               frame_interval=cfg.frame_interval, action_noise=cfg.action_noise) as pool:
                 for result in pool.run(source):
                     if result.success:
                         bar.update(1)

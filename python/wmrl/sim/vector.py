@@ -94,8 +94,11 @@ class _Worker:
     """Lives in the child process: one env, an optional step policy, an optional recorder."""
 
     def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int = 0):
+                 frame_interval: int = 0, action_noise: float = 0.0):
         self.index, self.cfg, self.step_policy_name, self.policy_id, self.record = index, cfg, step_policy, policy_id, record
+        # DART: execute the step policy's action plus Gaussian noise (arm dimensions), record
+        # the clean action as the label, so demonstrations show how the expert recovers.
+        self.action_noise = action_noise
         # Recorded frames between chunk boundaries: every `frame_interval` steps (0: none).
         # Policies only ever see chunk-boundary frames; the extra ones are training data.
         self.frame_interval = frame_interval if record else 0
@@ -119,8 +122,9 @@ class _Worker:
         obs = env.reset(init_index=spec.init_index) if spec.mode == "eval" else env.reset(seed=spec.seed)
         if self.step_policy_name is not None:
             self.policy = make_step_policy(self.step_policy_name, spec.seed)
-            self.policy_id = self.policy.policy_id
+            self.policy_id = self.policy.policy_id + (f"+dart{self.action_noise:g}" if self.action_noise else "")
             self.policy.reset(env)
+            self.noise_rng = np.random.default_rng([spec.seed, 0xDA27])
         self.recorder = TrajectoryRecorder() if self.record else None
         self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
         return obs
@@ -144,9 +148,13 @@ class _Worker:
             if k and self.frame_interval and env.steps % self.frame_interval == 0:
                 self._add_frame(env.observe(), goal_holds=goal)
             a = np.clip(np.asarray(a, dtype=np.float32).reshape(7), -1.0, 1.0)
+            label = None
+            if actions is None and self.action_noise:
+                label, a = a, a.copy()
+                a[:6] = np.clip(a[:6] + self.noise_rng.normal(0.0, self.action_noise, 6), -1.0, 1.0)
             goal = env.step(a)
             if self.recorder is not None:
-                self.recorder.add_action(a)
+                self.recorder.add_action(a, label)
             if env.steps >= self.cfg.max_steps:
                 break
         obs = env.observe()
@@ -179,12 +187,12 @@ class _Worker:
 
 
 def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int) -> None:
+                 frame_interval: int, action_noise: float) -> None:
     from wmrl.sim.render import configure_renderer
 
     try:
         configure_renderer(cfg.renderer)
-        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval)
+        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise)
         while True:
             cmd, arg = conn.recv()
             if cmd == "run":
@@ -213,7 +221,8 @@ class SimulatorPool:
     """``with SimulatorPool(cfg, workers=2, step_policy="expert") as pool: pool.run(source)``"""
 
     def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
-                 policy_id: str = "external", record: bool = False, frame_interval: int = 0):
+                 policy_id: str = "external", record: bool = False, frame_interval: int = 0,
+                 action_noise: float = 0.0):
         from wmrl.sim.render import configure_renderer
 
         configure_renderer(cfg.renderer)  # fails here, with the fix, if the GL library is missing
@@ -223,7 +232,7 @@ class SimulatorPool:
         self._conns, self._procs = [], []
         for i in range(max(1, workers)):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record, frame_interval),
+            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise),
                             daemon=True)
             p.start()
             child.close()
