@@ -5,7 +5,8 @@
 #   bash bench/h200_session.sh sim      # bundle install, throughput, expert 10x50, demos; starts SFT
 #   bash bench/h200_session.sh policy   # waits for SFT, evaluates the policy 10x50 (ODE sampler),
 #                                       # then with the flow-SDE at T=1.6 (the original's evaluation)
-#   bash bench/h200_session.sh learn    # only demos and SFT (a fresh machine)
+#   bash bench/h200_session.sh learn    # only demos and SFT (a fresh machine); DEMO_ARGS="--action-noise 0.2"
+#                                       # for DART demonstrations
 #   bash bench/h200_session.sh wm       # world models: speed benchmark, then a real update on the
 #                                       # demonstrations (manifest, both views on the one GPU,
 #                                       # reward model, pair, fidelity); also carry .offline/wm312
@@ -38,7 +39,7 @@ sim|learn)
     t python3 python/evaluate.py --policy expert --workers "$W" --out "$RUN/eval_expert" --no-progress | tee "$OUT/eval_expert.txt"
     cp "$RUN/eval_expert/results.json" "$OUT/eval_expert.json"
   fi
-  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress > "$OUT/demos.json"
+  t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --no-progress ${DEMO_ARGS:-} > "$OUT/demos.json"
   # SFT in its own session, so it outlives this command (the next phase waits for it).
   setsid nohup python3 python/sft.py --run "$RUN" --data "$RUN/demos" --steps "${SFT_STEPS:-4000}" \
       --no-progress --no-tensorboard > "$RUN/sft.log" 2>&1 < /dev/null &
