@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from wmrl.cli import EXPECTED_ERRORS  # noqa: E402
+from wmrl import cli  # noqa: E402
 from wmrl.config import ConfigError  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     from wmrl.bimanual.train import TrainError
     from wmrl.data.trajectory import TrajectoryError
 
-    return EXPECTED_ERRORS + (BundleError, TrainError, TokenizerError, TrajectoryError)
+    return (BundleError, TrainError, TokenizerError, TrajectoryError)
 
 
 def _print(obj) -> None:
@@ -202,13 +202,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except _errors() as e:
-        msg = e.args[0] if isinstance(e, (FileExistsError, FileNotFoundError)) and e.args else str(e)
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted: rerun the same command to continue where it stopped", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(code or 0)
+    cli.run(main, _errors)

@@ -49,11 +49,13 @@ def print_plan(title: str, plan: dict[str, Any]) -> None:
     print(json.dumps(plan, indent=2, default=str))
 
 
-def run(main: Callable[[], int | None]) -> None:
-    """Call ``main``; turn the errors a user can fix into one line and exit code 2."""
+def run(main: Callable[[], int | None],
+        extra_errors: Callable[[], tuple[type[BaseException], ...]] = tuple) -> None:
+    """Call ``main``; turn the errors a user can fix (``expected_errors()`` and those
+    ``extra_errors()`` names, looked up only when something fails) into one line, exit code 2."""
     try:
         code = main()
-    except expected_errors() as e:
+    except expected_errors() + extra_errors() as e:
         msg = e.args[0] if isinstance(e, (FileExistsError, FileNotFoundError)) and e.args else str(e)
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wmrl import __version__
+from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
@@ -229,27 +229,6 @@ def make_scheduler(opt, cfg: StageConfig):
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def rng_state() -> dict:
-    import numpy as np
-    import torch
-
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
 class Dist:
     """Rank, world size and barriers; one process without torch.distributed."""
 
@@ -291,7 +270,7 @@ def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, me
     dist.barrier()
     if engine is not None:  # every rank must call it (rank-0-only saves hang)
         engine.save_checkpoint(str(tmp), tag="deepspeed")
-    torch.save({"rng": rng_state(), "loader": loader.state_dict(), "ema_copies": ema.copies if ema else 0},
+    torch.save({"rng": rng.capture(), "loader": loader.state_dict(), "ema_copies": ema.copies if ema else 0},
                tmp / dist.state_file())
     if dist.rank == 0:
         torch.save({"net": net.state_dict(), "net_ema": ema.net.state_dict() if ema else None}, tmp / "model.pt")
@@ -439,7 +418,7 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
         if resume:  # ZeRO optimizer shards and scheduler (weights come from model.pt as well)
             engine.load_checkpoint(str(root), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True)
     if resume:
-        set_rng_state(ts["rng"])  # last: building the engine must not shift the random stream
+        rng.restore(ts["rng"])  # last: building the engine must not shift the random stream
 
     meta = {"kind": "stage", "stage": cfg.job.stage, "mode": cfg.mode, "run_name": cfg.job.name,
             "bundle": str(bundle.path), "bundle_fingerprint": bundle.fingerprint,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import shlex
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from wmrl import rng
 from wmrl.config import ConfigError, PolicyConfig, SFTConfig
 from wmrl.policy import checkpoint as ck
 
@@ -94,33 +94,6 @@ def plan(job: SFTJob) -> dict:
 
 
 # ----------------------------------------------------------------------------------- helpers
-def _rng_state() -> dict:
-    import torch
-
-    np_state = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]),
-                                                   int(np_state[3]), float(np_state[4])],
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    import torch
-
-    random.setstate(_tuplify(state["python"]))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _tuplify(x):
-    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
 def lr_factor(step: int, cfg: SFTConfig) -> float:
     """Linear warmup to 1, then cosine down to ``min_lr_ratio`` at ``cfg.steps``."""
     if cfg.warmup and step < cfg.warmup:
@@ -300,7 +273,7 @@ def main(job: SFTJob) -> dict:
         except (KeyError, ValueError, RuntimeError) as e:
             raise ck.CheckpointError(f"{loaded.path}/train_state.pt does not fit this run ({e}); resume with the "
                                      "same data and settings, or start a new RUN") from None
-        _set_rng_state(st["rng"])
+        rng.restore(st["rng"])
         if world > 1:  # each rank continues its own stream; rank offsets keep them apart
             torch.manual_seed(int(torch.randint(0, 2**31, (1,)).item()) + rank)
         say(f"[sft] resuming from {loaded.path} (step {start})")
@@ -375,7 +348,7 @@ def main(job: SFTJob) -> dict:
         state = None
         if full:
             state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                     "rng": _rng_state(), "sampler": sampler.state_dict(),
+                     "rng": rng.capture(), "sampler": sampler.state_dict(),
                      "model": model.state_dict() if ema_model is not None else None,
                      "world_size": world, "sft": asdict(sc)}
         extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": data_meta,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from wmrl import rng
 from wmrl.config import ConfigError
 from wmrl.fileio import sha256_file, write_json
 from wmrl.worldmodel.config import WMTrainConfig, WorldModelConfig
@@ -152,31 +153,6 @@ def _load_data(job: WMJob, device):
     return manifest, tr, va
 
 
-def _rng_state() -> dict:
-    import random
-
-    import numpy as np
-    import torch
-
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s: dict) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
 def export_weights(engine, out: Path, meta: dict, is_rank0: bool) -> None:
     """Inference weights (float32 safetensors) + config.json, atomically, by rank 0."""
     from safetensors.torch import save_file
@@ -237,7 +213,7 @@ def main(job: WMJob) -> dict:
             raise WMConfigError(f"{ckpt_dir} was trained on another manifest; use a new RUN or remove that folder")
         step = int(client["step"])
         sampler.load_state_dict(client["sampler"])
-        _set_rng_state(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
+        rng.restore(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
     if step >= t.steps:  # finished in an earlier run: nothing to do
         return {"view": job.view, "step": step, "reason": "already at target", "wall_s": 0.0,
                 "weights": str(out / f"global_step_{step}"), "samples_per_s": 0.0}
@@ -248,7 +224,7 @@ def main(job: WMJob) -> dict:
 
     def save(reason: str) -> None:
         rngs = [None] * world
-        dist.all_gather_object(rngs, _rng_state())
+        dist.all_gather_object(rngs, rng.capture())
         engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{step}", client_state={
             "step": step, "sampler": sampler.state_dict(), "rng": rngs, "config_name": job.profile,
             "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
