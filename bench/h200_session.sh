@@ -54,8 +54,9 @@ policy)
   ev=$RUN/evidence/evaluations/global_step_$step.json
   mirror "$RUN/eval_ode/episodes.jsonl" episodes_ode.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
-      --sampler ode --out "$RUN/eval_ode" | tee "$OUT/eval_ode.txt"
+      --sampler ode --out "$RUN/eval_ode" --videos 2 | tee "$OUT/eval_ode.txt"
   cp "$ev" "$OUT/eval_ode.json"
+  mkdir -p "$OUT/videos" && cp "$RUN"/eval_ode/videos/*.mp4 "$OUT/videos/" 2>/dev/null || true
   mirror "$RUN/eval_sde/episodes.jsonl" episodes_sde.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
       --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite | tee "$OUT/eval_sde.txt"
