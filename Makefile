@@ -207,7 +207,7 @@ check: setup
 #   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root>   held-out next-chunk PSNR vs copying the last frame
 STAGE          ?= 0
 BIMANUAL_DATA   = $(or $(DATA),$(RUN)/bimanual/bundle)
-BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/bimanual/stage$(STAGE)_*.toml)))
+BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/configs/stage$(STAGE)_*.toml)))
 BIMANUAL_ENV    = BIMANUAL_BUNDLE=$(BIMANUAL_DATA) BIMANUAL_OUTPUT_ROOT=$(RUN)/bimanual
 # GPUS=0,1,...: one process per GPU through torchrun; the trainer then uses DeepSpeed ZeRO.
 BIMANUAL_PY     = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(BIMANUAL_ENV) \
@@ -229,7 +229,7 @@ bimanual-materialize: setup
 	$(WM_PY) python/bimanual.py materialize $(BIMANUAL_DATA) $(call opt,--out,$(OUT))
 
 bimanual-train: setup
-	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/bimanual/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
+	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/configs/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
 	$(BIMANUAL_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
 

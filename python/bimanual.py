@@ -4,10 +4,10 @@
     python python/bimanual.py bundle --profile tiny --out runs/bimanual/bundle [--data LIBERO.hdf5]
     python python/bimanual.py validate runs/bimanual/bundle
     python python/bimanual.py materialize runs/bimanual/bundle
-    python python/bimanual.py train --stage 0 --config data/bimanual/stage0_bidir.toml --dry-run
-    python python/bimanual.py train --stage 0 --config data/bimanual/stage0_bidir.toml trainer.max_iter=12 checkpoint.save_iter=12
-    python python/bimanual.py evaluate --config data/bimanual/stage1_tf.toml --checkpoint RUN/checkpoints/iter_000008000
-    python python/bimanual.py base --config data/bimanual/stage0_bidir.toml --out runs/bimanual/base
+    python python/bimanual.py train --stage 0 --config data/configs/stage0_bidir.toml --dry-run
+    python python/bimanual.py train --stage 0 --config data/configs/stage0_bidir.toml trainer.max_iter=12 checkpoint.save_iter=12
+    python python/bimanual.py evaluate --config data/configs/stage1_tf.toml --checkpoint RUN/checkpoints/iter_000008000
+    python python/bimanual.py base --config data/configs/stage0_bidir.toml --out runs/bimanual/base
 
 validate and materialize print JSON and exit 1 unless ``passed`` is true; both load no weights.
 """
@@ -176,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
                           ("evaluate", cmd_evaluate, "held-out next-chunk PSNR of an iteration root"),
                           ("base", cmd_base, "write a base checkpoint for Stage 0")):
         t = sub.add_parser(name, help=hlp)
-        t.add_argument("--config", required=True, help="a stage TOML (data/bimanual/stage*.toml)")
+        t.add_argument("--config", required=True, help="a stage TOML (data/configs/stage*.toml)")
         t.add_argument("--stage", type=int, help="the stage the TOML must be (a guard)")
         t.add_argument("--profile", default="default", choices=("default", "tiny"))
         t.add_argument("overrides", nargs="*", help="section.key=value, e.g. trainer.max_iter=12 checkpoint.save_iter=12")

@@ -1,6 +1,6 @@
 """Typed configuration for the bimanual recipe: the bundle build and one TOML per stage.
 
-Stage configs live in ``data/bimanual/stage{0..3}_*.toml``. A TOML has the sections of
+Stage configs live in ``data/configs/stage{0..3}_*.toml``. A TOML has the sections of
 ``StageConfig`` (``job``, ``data``, ``model``, ``trainer``, ``checkpoint``, ``ema``,
 ``parallelism``) and an optional ``[tiny]`` table of overrides for CPU runs
 (``--profile tiny``). String values may name environment variables as ``${VAR}`` or
@@ -264,7 +264,7 @@ def load_stage_config(path: str | os.PathLike, *, profile: str = "default", over
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: no such stage config; the kit's are data/bimanual/stage0_bidir.toml ... stage3_sfdmd.toml")
+        raise ConfigError(f"{path}: no such stage config; the kit's are data/configs/stage0_bidir.toml ... stage3_sfdmd.toml")
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:

@@ -70,6 +70,6 @@ def stage_cfg(bundle_dir, tmp_path):
         over = [f"data.bundle={bundle_dir}", f"job.output_root={tmp_path / 'runs'}", *overrides]
         if stage == 1 and not any(o.startswith("checkpoint.load_path=") for o in over):
             over.append("checkpoint.load_path=/nonexistent")
-        return load_stage_config(ROOT / "data" / "bimanual" / name, profile="tiny", overrides=over)
+        return load_stage_config(ROOT / "data" / "configs" / name, profile="tiny", overrides=over)
 
     return make

@@ -34,12 +34,12 @@ def test_bad_inputs_fail_with_one_line(tmp_path, bundle_dir):
     (tmp_path / "x.jsonl").write_text("{}\n")
     r = cli("validate", tmp_path / "x.jsonl")
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "not a training bundle" in r.stderr
-    r = cli("train", "--stage", "1", "--config", "data/bimanual/stage0_bidir.toml", "--dry-run",
+    r = cli("train", "--stage", "1", "--config", "data/configs/stage0_bidir.toml", "--dry-run",
             env={"BIMANUAL_BUNDLE": str(bundle_dir)})
     assert r.returncode == 2 and "Stage 0 config" in r.stderr
-    r = cli("train", "--stage", "1", "--config", "data/bimanual/stage1_tf.toml", "--dry-run",
+    r = cli("train", "--stage", "1", "--config", "data/configs/stage1_tf.toml", "--dry-run",
             env={"BIMANUAL_BUNDLE": str(bundle_dir), "BIMANUAL_STAGE0_CHECKPOINT": str(tmp_path)})
     assert r.returncode == 2 and "not an iteration root" in r.stderr
-    r = cli("train", "--stage", "2", "--config", "data/bimanual/stage2_tfdcm.toml", "--dry-run",
+    r = cli("train", "--stage", "2", "--config", "data/configs/stage2_tfdcm.toml", "--dry-run",
             env={"BIMANUAL_BUNDLE": str(bundle_dir), "BIMANUAL_STAGE1_CHECKPOINT": str(tmp_path)})
     assert r.returncode == 2 and "not implemented" in r.stderr

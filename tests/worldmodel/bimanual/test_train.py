@@ -36,7 +36,7 @@ def assert_states_equal(a, b, path=""):
 
 def test_dryrun_resolves_everything_and_loads_no_weights(bundle_dir, tmp_path):
     env = dict(os.environ, BIMANUAL_BUNDLE=str(bundle_dir), BIMANUAL_OUTPUT_ROOT=str(tmp_path))
-    code = ("import sys, json; sys.argv=['bimanual.py','train','--stage','0','--config','data/bimanual/stage0_bidir.toml',"
+    code = ("import sys, json; sys.argv=['bimanual.py','train','--stage','0','--config','data/configs/stage0_bidir.toml',"
             "'--profile','tiny','--dryrun']; sys.path.insert(0,'python'); import bimanual; bimanual.main(sys.argv[1:]);"
             "print('TORCH_LOADED', 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -55,12 +55,12 @@ def test_kit_configs_carry_reference_budgets(stage_cfg, bundle_dir):
 
     expect = {"stage0_bidir.toml": 35_000, "stage1_tf.toml": 8_000, "stage2_tfdcm.toml": 4_000, "stage3_sfdmd.toml": 1_500}
     for name, iters in expect.items():
-        cfg = load_stage_config(ROOT / "data/bimanual" / name, overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"])
+        cfg = load_stage_config(ROOT / "data/configs" / name, overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"])
         assert cfg.trainer.max_iter == iters
-        assert load_stage_config(ROOT / "data/bimanual" / name, profile="tiny",
+        assert load_stage_config(ROOT / "data/configs" / name, profile="tiny",
                                  overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"]).trainer.max_iter == 12
     with pytest.raises(TrainError, match="not implemented"):
-        resolve(load_stage_config(ROOT / "data/bimanual/stage2_tfdcm.toml", overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"]))
+        resolve(load_stage_config(ROOT / "data/configs/stage2_tfdcm.toml", overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"]))
     with pytest.raises(ConfigError, match="trainer.max_iter=0"):
         stage_cfg(0, "trainer.max_iter=0")
     with pytest.raises(ConfigError, match="unknown key"):
