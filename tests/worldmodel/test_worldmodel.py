@@ -257,3 +257,22 @@ def test_a_trajectory_file_failing_validation_stops_training_before_it_starts(tr
     build_manifest(tmp_path / "manifest.json", [str(broken)], [], seed=0)
     r = _wm(["--view", "main"], tmp_path, check=False)
     assert r.returncode == 2 and "fails validation" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gpu_groups_and_launch_commands():
+    from wmrl.config import ConfigError
+    from wmrl.worldmodel.update import ViewLaunch, gpu_groups
+
+    assert gpu_groups(0, None, None) == ([], [])
+    assert gpu_groups(8, None, None) == ([0, 1, 2, 3], [4, 5, 6, 7])  # the seed's four and four
+    assert gpu_groups(2, "0", "0") == ([0], [0])  # one GPU shared on purpose
+    for bad in ((1, None, None), (8, "0,1", None), (2, "0", "5"), (2, "a", "1")):
+        with pytest.raises(ConfigError):
+            gpu_groups(*bad)
+    cpu = ViewLaunch("wrist", [], 29601, ["--run", "r"]).command()
+    assert cpu[-2:] == ["--device", "cpu"] and "--view" in cpu and "deepspeed.launcher.runner" not in cpu
+    gpu = ViewLaunch("main", [4, 5], 29600).command()
+    assert gpu[gpu.index("--include") + 1] == "localhost:4,5" and gpu[-2:] == ["--device", "cuda"]
+    hosts = ViewLaunch("main", [0], 29600).command(hostfile="hosts.txt")
+    assert hosts[hosts.index("--hostfile") + 1] == "hosts.txt" and "--include" not in hosts
+    assert ViewLaunch("wrist", [], 29601).env()["DS_ACCELERATOR"] == "cpu"
