@@ -78,8 +78,9 @@ def main(args, prof, train, manifest) -> int:
             cli.print_plan(f"world model update ({args.view})", {"manifest": manifest, "model": job.model, "train": train})
             return 0
         result = train_main(job)
-        print(f"[wm {args.view}] step {result['step']} ({result['reason']}), {result['samples_per_s']} samples/s: "
-              f"{result['weights']}")
+        if result.get("rank", 0) == 0:
+            print(f"[wm {args.view}] step {result['step']} ({result['reason']}), {result['samples_per_s']} samples/s "
+                  f"(all processes): {result['weights']}")
         return 0
 
     from wmrl.worldmodel.update import ViewLaunch, gpu_groups, run_update

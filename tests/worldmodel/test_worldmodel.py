@@ -276,3 +276,20 @@ def test_gpu_groups_and_launch_commands():
     hosts = ViewLaunch("main", [0], 29600).command(hostfile="hosts.txt")
     assert hosts[hosts.index("--hostfile") + 1] == "hosts.txt" and "--include" not in hosts
     assert ViewLaunch("wrist", [], 29601).env()["DS_ACCELERATOR"] == "cpu"
+
+
+def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(manifest_run):
+    """torchrun with 2 CPU processes (gloo): RNG of every rank in the client state, the STOP
+    flag reduced over ranks; resuming that checkpoint with 1 process is refused."""
+    run = _clone(manifest_run, manifest_run.parent / "two")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(REPO / "python" / "wm_update.py"), "--view", "main", "--profile", "tiny", "--run-dir", str(run),
+                        "--steps", "3", "--device", "cpu", "--no-progress"], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("[wm main] step 3") == 1  # rank 0 reports
+    state = json.loads((run / "worldmodels/main/deepspeed/wmrl_state.json").read_text())
+    assert state == {"step": 3, "world_size": 2, "tag": "global_step3"}
+    again = _wm(["--view", "main", "--steps", "6"], run, {"MASTER_PORT": "29661"}, check=False)
+    assert again.returncode == 2 and "saved by 2 process(es), this run has 1" in again.stderr

@@ -273,12 +273,12 @@ def main(job: WMJob) -> dict:
         dist.all_reduce(flag)
         stop_requested = bool(flag.item())
         if rank == 0 and (step % t.log_interval == 0 or step == 1):
-            rec = {"step": step, "loss": float(loss), **{k: float(v) for k, v in parts.items()},
+            rec = {"step": step, "loss": float(loss.detach()), **{k: float(v) for k, v in parts.items()},
                    "lr": engine.get_lr()[0], "samples_per_s": round(seen / (time.perf_counter() - t0), 1),
                    "time": time.time()}
             log.write(json.dumps(rec) + "\n")
             log.flush()
-            bar.set_postfix(loss=f"{float(loss):.4f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
         if step % t.eval_interval == 0 or step == t.steps:
             v = validate()
             if rank == 0 and v is not None:
@@ -298,5 +298,5 @@ def main(job: WMJob) -> dict:
         log.close()
     wall = time.perf_counter() - t0
     dist.barrier()
-    return {"view": job.view, "step": step, "reason": reason, "wall_s": round(wall, 1),
+    return {"view": job.view, "rank": rank, "step": step, "reason": reason, "wall_s": round(wall, 1),
             "weights": str(out / f"global_step_{step}"), "samples_per_s": round(seen / max(wall, 1e-9), 1)}
