@@ -36,6 +36,18 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _timed(fn, warmup: int, repeats: int, device) -> float:
+    """Wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def _inputs(cfg, batch: int, device):
     import torch
 
@@ -88,14 +100,7 @@ def bench_training(prof, args, device) -> dict:
             engine.backward(loss)
             engine.step()
 
-    for _ in range(args.warmup):
-        update()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(args.train_steps):
-        update()
-    _sync(device)
-    wall = time.perf_counter() - t0
+    wall = _timed(update, args.warmup, args.train_steps, device)
     sps = args.train_steps * acc * mb / wall
     out = {"micro_batch": mb, "grad_accum": acc, "updates": args.train_steps, "wall_s": round(wall, 2),
            "samples_per_s": round(sps, 1), "gflops_per_sample": round(fps / 1e9, 2),
@@ -127,14 +132,7 @@ def bench_imagination(prof, args, device) -> dict:
             w, _ = wrist.generate(x, acts, prop)
         return m, w, p
 
-    for _ in range(args.warmup):
-        chunk()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(args.chunks):
-        chunk()
-    _sync(device)
-    wall = time.perf_counter() - t0
+    wall = _timed(chunk, args.warmup, args.chunks, device)
     steps = args.chunks * b * cm.chunk_size
     return {"batch": b, "chunks": args.chunks, "sample_steps": cm.sample_steps, "wall_s": round(wall, 3),
             "imagined_chunks_per_s": round(args.chunks * b / wall, 1), "imagined_steps_per_s": round(steps / wall, 1)}

@@ -45,15 +45,16 @@ def main(args) -> int:
     import torch
 
     from wmrl.fileio import write_json
-    from wmrl.release.pair import load_pair, load_world_model
+    from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import load_split
     from wmrl.worldmodel.fidelity import metrics, open_loop, write_videos
     from wmrl.worldmodel.reward import load_reward
+    from wmrl.worldmodel.train import load_weights
 
     pair = load_pair(args.pair)  # every hash checked before any weights load
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
-    main_m, s_main = load_world_model(pair.part("main"), device)
-    wrist_m, s_wrist = load_world_model(pair.part("wrist"), device)
+    main_m, s_main = load_weights(pair.part("main"), device)
+    wrist_m, s_wrist = load_weights(pair.part("wrist"), device)
     reward = load_reward(pair.part("reward"))
     _, _, val = load_split(args.manifest, main_m.cfg.chunk_size)
     if not val:

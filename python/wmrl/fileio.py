@@ -16,12 +16,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path in the same folder; rename it onto ``path`` on success."""
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path in the same folder; rename it onto ``path`` on success.
+    ``suffix``: for writers that pick the format from the file name (``.mp4``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # what open() would give, not mkstemp's private 0600
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -30,6 +36,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def write_video(path: str | os.PathLike, frames, fps: int) -> Path:
+    """Frames (T, H, W, 3) uint8 as an MP4, atomically (imageio's ffmpeg)."""
+    import imageio.v2 as imageio
+
+    with atomic_path(path, suffix=Path(path).suffix) as tmp:
+        imageio.mimwrite(tmp, list(frames), fps=fps, macro_block_size=1)
+    return Path(path)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -171,8 +171,9 @@ def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:
 
 def write_video(result: EpisodeResult, folder: Path) -> Path | None:
     """MP4 of one episode, main and wrist camera side by side (one frame per chunk)."""
-    import imageio.v2 as imageio
     import numpy as np
+
+    from wmrl.fileio import write_video as write_mp4
 
     traj = result.trajectory
     if traj is None:
@@ -180,8 +181,4 @@ def write_video(result: EpisodeResult, folder: Path) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     s = result.spec
     name = folder / f"task{s.task_index:02d}_trial{s.tag:02d}_{'success' if result.success else 'failure'}.mp4"
-    frames = np.concatenate([traj.main, traj.wrist], axis=2)
-    tmp = name.with_suffix(".tmp.mp4")
-    imageio.mimwrite(tmp, list(frames), fps=4, macro_block_size=1)
-    os.replace(tmp, name)
-    return name
+    return write_mp4(name, np.concatenate([traj.main, traj.wrist], axis=2), fps=4)

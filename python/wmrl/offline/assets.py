@@ -31,6 +31,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from wmrl.fileio import sha256_file
+
 # Modules the kit imports only when it needs them (videos, trajectory files, progress bars).
 KIT_LAZY_IMPORTS = ("h5py", "imageio.v2", "tqdm")
 KIT_MODULES = ("wmrl.sim.env", "wmrl.sim.vector", "wmrl.sim.expert", "wmrl.sim.policies",
@@ -138,14 +140,6 @@ def record_index(dist_names: list[str]) -> dict[str, tuple[str, str, str]]:
                 continue
             index[os.path.normpath(str(dist.locate_file(f)))] = (dist.metadata["Name"], str(f), f.hash.value)
     return index
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def locate(paths: list[str], index: dict[str, tuple[str, str, str]]) -> list[AssetFile]:

@@ -231,7 +231,7 @@ def build(opts: BuildOptions) -> dict:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     sizes = manifest["sizes"]
-    from wmrl.offline.manifest import sha256_file
+    from wmrl.fileio import sha256_file
 
     print(f"[build] bundle {out} ready in {time.time() - t0:.0f} s", flush=True)
     print(f"[build]   wheels      {_mib(sizes['wheels']):>10}  ({len(list((out / WHEELS_DIR).iterdir()))} files)")

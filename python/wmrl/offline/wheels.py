@@ -21,7 +21,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from wmrl.offline.manifest import sha256_file
+from wmrl.fileio import sha256_file
 from wmrl.offline.requirements import Pinned, normalize
 
 # Files a code-only wheel keeps: code and the text data it reads (MJCF, controller configs).

@@ -134,23 +134,3 @@ def load_pair(path: str | os.PathLike) -> ModelPair:
                 raise PairError(f"{f} ({part}) does not match its SHA-256 in {root / 'pair.json'}: "
                                 "the pair was modified or damaged; package it again")
     return ModelPair(root, meta)
-
-
-def load_world_model(folder: str | os.PathLike, device="cpu"):
-    """A FrameWorldModel and its proprio statistics from an exported weights folder."""
-    import torch
-    from safetensors.torch import load_file
-
-    from wmrl.worldmodel.config import WorldModelConfig
-    from wmrl.worldmodel.model import FrameWorldModel
-
-    meta = read_json(Path(folder) / "config.json", PairError, "export the weights with the world-model update")
-    m = dict(meta["model"])
-    m["channels"] = tuple(m["channels"])
-    model = FrameWorldModel(WorldModelConfig(**m))
-    try:
-        model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
-    except (RuntimeError, OSError) as e:
-        raise PairError(f"{folder}: the weights do not load into the configured model ({str(e).splitlines()[0]})") from None
-    stats = {"mean": torch.tensor(meta["proprio_mean"]), "std": torch.tensor(meta["proprio_std"])}
-    return model.to(device).eval(), {k: v.to(device) for k, v in stats.items()}

@@ -110,22 +110,18 @@ class Transitions:
 
     def batch(self, idx, view: str, condition_on_main: bool, norm) -> dict:
         """Model inputs for transitions ``idx``: frames in [-1, 1], normalised proprio."""
+        import torch
+
         from wmrl.worldmodel.model import images_to_unit
 
         images = self.main if view == "main" else self.wrist
         ctx = self.context[idx]
         frames = images_to_unit(images[ctx])  # (B, context, 3, H, W)
         if condition_on_main:
-            frames = torch_cat(frames, images_to_unit(self.main[ctx[:, -1]])[:, None])
+            frames = torch.cat([frames, images_to_unit(self.main[ctx[:, -1]])[:, None]], dim=1)
         p = (self.proprio - norm["mean"]) / norm["std"]
         return {"frames": frames, "target": images_to_unit(images[self.next[idx]]), "actions": self.actions[idx],
                 "proprio": p[ctx[:, -1]], "next_proprio": p[self.next[idx]]}
-
-
-def torch_cat(a, b):
-    import torch
-
-    return torch.cat([a, b], dim=1)
 
 
 class MixedSampler:

@@ -119,8 +119,7 @@ def metrics(roll: dict, reward=None) -> dict:
 
 def write_videos(roll: dict, out_dir: Path, count: int, fps: int = 4) -> list[str]:
     """real | imagined (main), real | imagined (wrist), one MP4 per episode."""
-    import imageio.v2 as imageio
-
+    from wmrl.fileio import write_video
     from wmrl.worldmodel.model import unit_to_images
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,9 +128,5 @@ def write_videos(roll: dict, out_dir: Path, count: int, fps: int = 4) -> list[st
         n = int(roll["valid"][i].sum())
         rows = [torch.cat([roll["real"][v][i, :n], roll["imagined"][v][i, :n]], dim=-1) for v in ("main", "wrist")]
         video = unit_to_images(torch.cat(rows, dim=-1)).numpy()  # (T, H, 4W, 3)
-        path = out_dir / f"episode_{i:02d}_real_vs_imagined.mp4"
-        tmp = path.with_name(path.stem + ".partial.mp4")
-        imageio.mimwrite(tmp, list(video), fps=fps, macro_block_size=1)
-        tmp.replace(path)
-        paths.append(str(path))
+        paths.append(str(write_video(out_dir / f"episode_{i:02d}_real_vs_imagined.mp4", video, fps)))
     return paths

@@ -172,6 +172,26 @@ def export_weights(engine, out: Path, meta: dict, is_rank0: bool) -> None:
     write_json(out / "config.json", {**meta, "model_sha256": sha256_file(out / "model.safetensors")})
 
 
+def load_weights(folder: str | os.PathLike, device="cpu"):
+    """A FrameWorldModel and its proprio statistics from a folder ``export_weights`` wrote."""
+    from safetensors.torch import load_file
+
+    from wmrl.fileio import read_json
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    meta = read_json(Path(folder) / "config.json", WMConfigError, "export the weights with the world-model update")
+    m = dict(meta["model"])
+    m["channels"] = tuple(m["channels"])
+    model = FrameWorldModel(WorldModelConfig(**m))
+    try:
+        model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
+    except (RuntimeError, OSError) as e:
+        raise WMConfigError(f"{folder}: the weights do not load into the configured model "
+                            f"({str(e).splitlines()[0]})") from None
+    stats = {"mean": torch.tensor(meta["proprio_mean"]), "std": torch.tensor(meta["proprio_std"])}
+    return model.to(device).eval(), {k: v.to(device) for k, v in stats.items()}
+
+
 def main(job: WMJob) -> dict:
     import deepspeed
     import torch.distributed as dist
