@@ -7,6 +7,7 @@
 #                                       # then with the flow-SDE at T=1.6 (the original's evaluation)
 #   bash bench/h200_session.sh learn    # only demos and SFT (a fresh machine); DEMO_ARGS="--action-noise 0.2"
 #                                       # for DART demonstrations
+#                                       # (SDE=0: ODE only; the wm phase can run the SDE with SDE_BG=1)
 #   bash bench/h200_session.sh wm       # world models: speed benchmark, then a real update on the
 #                                       # demonstrations (manifest, both views on the one GPU,
 #                                       # reward model, pair, fidelity); also carry .offline/wm312
@@ -26,8 +27,13 @@ export PYTHONPATH=/tmp/sim:$PWD/python
 W=$(nproc)
 t() { local s=$EPOCHREALTIME; "$@"; echo "[time] $(python3 -c "print(round($EPOCHREALTIME - $s, 1))") s: $*" | tee -a "$OUT/times.txt"; }
 # Copy a growing file to $OUT every 10 s while the rest of the phase runs.
+# The loops must not hold this script's stdout (a reader would wait for them) and end with it.
 MIRRORS=()
-mirror() { ( while true; do [ -f "$1" ] && cp "$1" "$OUT/$2"; sleep 10; done ) & MIRRORS+=($!); }
+mirror() { ( while true; do [ -f "$1" ] && cp "$1" "$OUT/$2"; sleep 10; done ) >/dev/null 2>&1 & MIRRORS+=($!); }
+trap '[ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null; cp "$RUN"/logs/*.out "$OUT/" 2>/dev/null || true' EXIT
+exec 2> >(tee -a "$OUT/stderr.txt" >&2)  # errors come back even when the call is cut off
+# MP4s need imageio-ffmpeg, which the bundle leaves out (size): videos only where it is present
+VIDEOS=$(python3 -c "import imageio_ffmpeg" 2>/dev/null && echo 2 || echo 0)
 newest() { python3 -c "import json; print(json.load(open('$RUN/latest_policy.json'))['step'])"; }
 
 case "$phase" in
@@ -54,9 +60,10 @@ policy)
   ev=$RUN/evidence/evaluations/global_step_$step.json
   mirror "$RUN/eval_ode/episodes.jsonl" episodes_ode.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
-      --sampler ode --out "$RUN/eval_ode" --videos 2 | tee "$OUT/eval_ode.txt"
+      --sampler ode --out "$RUN/eval_ode" --videos "$VIDEOS" | tee "$OUT/eval_ode.txt"
   cp "$ev" "$OUT/eval_ode.json"
   mkdir -p "$OUT/videos" && cp "$RUN"/eval_ode/videos/*.mp4 "$OUT/videos/" 2>/dev/null || true
+  [ "${SDE:-1}" = 1 ] || exit 0  # SDE=0: the flow-SDE evaluation runs in the wm phase instead
   mirror "$RUN/eval_sde/episodes.jsonl" episodes_sde.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
       --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite | tee "$OUT/eval_sde.txt"
@@ -65,8 +72,19 @@ policy)
 wm)
   [ -d /tmp/wm/deepspeed ] || pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl
   export PYTHONPATH=/tmp/sim:/tmp/wm:$PWD/python
-  [ -f "$OUT/throughput.json" ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128 --steps 480 --json "$OUT/throughput.json"
-  t python3 bench/wm_throughput.py --sim-json "$OUT/throughput.json" --json "$OUT/wm_throughput.json"
+  # NO_SIM=1: no simulator comparison (the host is busy; compare with RESULTS.md's figure instead)
+  if [ "${NO_SIM:-0}" = 1 ]; then SIM=(); else
+    [ -f "$OUT/throughput.json" ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128 --steps 480 --json "$OUT/throughput.json"
+    SIM=(--sim-json "$OUT/throughput.json"); fi
+  t python3 bench/wm_throughput.py "${SIM[@]}" --json "$OUT/wm_throughput.json"
+  if [ "${SDE_BG:-0}" = 1 ] && [ -f "$RUN/latest_policy.json" ]; then
+    # the policy's flow-SDE evaluation (T=1.6) on half the cores, alongside the world-model
+    # update below (whose wall times are then not those of an idle host)
+    mirror "$RUN/eval_sde/episodes.jsonl" episodes_sde.jsonl
+    python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$(newest)" --workers $((W / 2)) --no-progress \
+        --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite > "$OUT/eval_sde.txt" 2>&1 &
+    SDE_PID=$!
+  fi
   [ -d "$RUN/demos" ] && ls "$RUN"/demos/*.hdf5 >/dev/null 2>&1 || \
     t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --episodes "${WM_EPISODES:-20}" --no-progress > "$OUT/demos.json"
   t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" --overwrite | tee "$OUT/manifest.txt"
@@ -75,10 +93,10 @@ wm)
       --save-interval 500 --no-progress | tee "$OUT/wm_update.txt"
   t python3 python/wm_reward.py --run "$RUN" --no-progress | tee "$OUT/wm_reward.txt"
   t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
-  t python3 python/wm_eval.py --run "$RUN" --videos 4 | tee "$OUT/wm_eval.txt"
+  t python3 python/wm_eval.py --run "$RUN" --videos "$((VIDEOS * 2))" | tee "$OUT/wm_eval.txt"
   cp "$RUN/model_pair/fidelity.json" "$RUN/model_pair/pair.json" "$RUN/train/selected_world_models.json" "$OUT/"
   cp "$RUN"/model_pair/videos/*.mp4 "$OUT/" 2>/dev/null || true
+  if [ -n "${SDE_PID:-}" ]; then wait "$SDE_PID" || true; cp "$RUN"/evidence/evaluations/*.json "$OUT/" || true; fi
   ;;
 *) echo "unknown phase $phase: sim, learn, policy or wm" >&2; exit 2 ;;
 esac
-[ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null || true  # never the SFT

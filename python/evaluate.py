@@ -25,6 +25,9 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p.add_argument("--run", default="runs/default", help="run folder holding the checkpoint (with --ckpt)")
     p.add_argument("--sampler", choices=["ode", "sde"], help="checkpoint sampler (default: the checkpoint's)")
     p.add_argument("--temperature", type=float, help="SDE temperature at evaluation (default: the checkpoint's)")
+    p.add_argument("--gripper-deadband", type=float,
+                   help="gripper outputs below this magnitude hold (0), others give their sign (default: the "
+                        "checkpoint's, 0.5; 0 turns snapping off)")
     p.add_argument("--trials", type=int, help="trials per task (fixed initial states 0..N-1; default 50)")
     p.add_argument("--videos", type=int, help="episodes per task to save as MP4 (main | wrist)")
     cli.add_common(p)
@@ -67,7 +70,7 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
     from wmrl.evaluation.harness import format_table
     from wmrl.policy import evaluate as ev
 
-    opts = dict(sampler=args.sampler, temperature=args.temperature)
+    opts = dict(sampler=args.sampler, temperature=args.temperature, gripper_deadband=args.gripper_deadband)
     if args.dry_run:
         cli.print_plan("evaluate checkpoint", ev.plan(args.run, args.ckpt, prof.sim, prof.eval, args.out, **opts))
         return 0

@@ -160,6 +160,11 @@ class PolicyConfig:
     temperature_eval: float = 1.6  # multiplies the SDE transition std at evaluation
     time_beta: tuple[float, float] = (1.5, 1.0)  # pi0: t ~ Beta(1.5, 1), more weight on noisy times
     augment_shift: float = 0.0625  # random shift (pad + crop) as a fraction of the image size
+    # The gripper command snaps to the controller's three values: |g| < deadband -> 0 (hold),
+    # else its sign. robosuite integrates only sign(g) (a quarter of the range per step) and the
+    # demonstrations use exactly -1 / 0 / +1, so an unsnapped near-zero output would open or
+    # close the gripper at random while the expert held it. 0 turns snapping off.
+    gripper_deadband: float = 0.5
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.action_dim < 1 or self.proprio_dim < 1 or self.lang_dim < 1:
@@ -186,6 +191,8 @@ class PolicyConfig:
             raise ConfigError(f"policy.time_beta={self.time_beta}: two positive Beta parameters, e.g. (1.5, 1.0)")
         if not 0.0 <= self.augment_shift < 0.5:
             raise ConfigError(f"policy.augment_shift={self.augment_shift}: a fraction of the image in 0..0.5")
+        if not 0.0 <= self.gripper_deadband < 1.0:
+            raise ConfigError(f"policy.gripper_deadband={self.gripper_deadband}: use a value in 0..1 (0.5 default, 0 off)")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,19 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
             tmp_path.unlink()
 
 
+def check_video_writer() -> None:
+    """Fail before any work when MP4s cannot be written (imageio's ffmpeg plugin is missing)."""
+    from wmrl.config import ConfigError
+
+    try:
+        import imageio_ffmpeg
+
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError) as e:
+        raise ConfigError(f"videos need ffmpeg through imageio-ffmpeg ({e}); `pip install imageio-ffmpeg`, "
+                           "or ask for no videos (--videos 0)") from None
+
+
 def write_video(path: str | os.PathLike, frames, fps: int) -> Path:
     """Frames (T, H, W, 3) uint8 as an MP4, atomically (imageio's ffmpeg)."""
     import imageio.v2 as imageio

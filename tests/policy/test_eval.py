@@ -40,6 +40,39 @@ def test_runner_is_batched_bounded_and_batch_independent(trained_run):
         runner.act([_obs(1, size=32)])
 
 
+def test_gripper_output_snaps_to_the_controllers_three_commands(trained_run):
+    """robosuite moves the gripper by sign(g) every step and the expert holds it with exactly 0:
+    a near-zero output must stay 0, not open or close the gripper by chance."""
+    import torch
+
+    from wmrl.policy.runner import PolicyRunner, to_controller
+
+    raw = torch.tensor([[0.3, -2.0, 0.2], [0.1, 0.5, -0.7], [0.0, 0.0, 0.49], [0.0, 0.0, 3.0]])
+    snapped = to_controller(raw, 0.5)
+    assert snapped[:, -1].tolist() == [0.0, -1.0, 0.0, 1.0]
+    assert snapped[:, :-1].tolist() == raw[:, :-1].clamp(-1, 1).tolist()  # the arm is only clipped
+    assert to_controller(raw, 0.0)[:, -1].tolist() == pytest.approx([0.2, -0.7, 0.49, 1.0])
+    runner = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3)
+    acts = runner.act([_obs(s) for s in range(4)])
+    assert set(np.unique(acts[..., -1])) <= {-1.0, 0.0, 1.0} and runner.settings()["gripper_deadband"] == 0.5
+    off = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3, gripper_deadband=0.0)
+    assert off.settings()["gripper_deadband"] == 0.0
+    assert np.allclose(off.act([_obs(0)])[..., :-1], acts[:1, ..., :-1], atol=1e-5)  # only the gripper differs
+
+
+def test_videos_without_an_mp4_encoder_fail_before_any_episode(run_copy, monkeypatch):
+    import sys
+
+    import evaluate
+
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    argv = ["--profile", "tiny", "--ckpt", "10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
+            "--workers", "1", "--no-progress", "--videos", "1"]
+    with pytest.raises(ConfigError, match="imageio-ffmpeg.*--videos 0"):
+        evaluate.main(*evaluate.build(argv))
+    assert not ck.evidence_path(run_copy, 10).exists()
+
+
 def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys):
     import evaluate
 

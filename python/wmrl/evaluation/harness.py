@@ -116,6 +116,10 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     from wmrl.sim.render import configure_renderer
 
     configure_renderer(sim.renderer)  # a missing GL library fails here, before any work
+    if cfg.videos > 0:
+        from wmrl.fileio import check_video_writer
+
+        check_video_writer()  # and so does a missing MP4 encoder
     out_dir = Path(out_dir)
     step_policy = policy if isinstance(policy, str) else None
     policy_id = policy_id or (f"{policy}" if step_policy else getattr(policy, "policy_id", "external"))

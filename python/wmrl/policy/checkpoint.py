@@ -41,7 +41,8 @@ STATE_FILE = "train_state.pt"
 LATEST = "latest_policy.json"
 PREFIX = "global_step_"
 # Sampling/training settings: may differ between a checkpoint and the run that loads it.
-NON_ARCH_FIELDS = ("denoise_steps", "noise_level", "eval_sampler", "temperature_eval", "time_beta", "augment_shift")
+NON_ARCH_FIELDS = ("denoise_steps", "noise_level", "eval_sampler", "temperature_eval", "time_beta", "augment_shift",
+                   "gripper_deadband")
 
 
 class CheckpointError(ConfigError):

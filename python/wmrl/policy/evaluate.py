@@ -37,13 +37,16 @@ def plan(run, step: int, sim: SimConfig, cfg: EvalConfig, out_dir=None, **sample
             "sampler": sampler.get("sampler") or pol.get("eval_sampler"),
             "temperature": sampler.get("temperature") if sampler.get("temperature") is not None else pol.get("temperature_eval"),
             "noise_level": pol.get("noise_level"), "denoise_steps": pol.get("denoise_steps"),
+            "gripper_deadband": sampler.get("gripper_deadband") if sampler.get("gripper_deadband") is not None
+            else pol.get("gripper_deadband", 0.5),
             "eval": cfg, "sim": sim, "out": str(out_dir or default_out(run, step)),
             "evidence": str(ck.evidence_path(run, step))}
 
 
 def evaluate_checkpoint(run: str | os.PathLike, step: int, *, sim: SimConfig, cfg: EvalConfig,
                         out_dir: str | os.PathLike | None = None, overwrite: bool = False, progress: bool = True,
-                        sampler: str | None = None, temperature: float | None = None, device: str = "auto"):
+                        sampler: str | None = None, temperature: float | None = None,
+                        gripper_deadband: float | None = None, device: str = "auto"):
     """Evaluate checkpoint ``step`` of ``run``; returns (harness output, evidence path)."""
     from wmrl.evaluation.harness import evaluate
     from wmrl.policy.runner import PolicyRunner
@@ -53,7 +56,12 @@ def evaluate_checkpoint(run: str | os.PathLike, step: int, *, sim: SimConfig, cf
     evidence = ck.evidence_path(run, step)
     if evidence.exists() and not overwrite:
         raise FileExistsError(f"{evidence} exists; pass --overwrite (OVERWRITE=1) to evaluate checkpoint {step} again")
-    runner = PolicyRunner(info.path, device=device, sampler=sampler, temperature=temperature, seed=cfg.seed)
+    if cfg.videos > 0:
+        from wmrl.fileio import check_video_writer
+
+        check_video_writer()
+    runner = PolicyRunner(info.path, device=device, sampler=sampler, temperature=temperature,
+                          gripper_deadband=gripper_deadband, seed=cfg.seed)
     if runner.image_size and runner.image_size != sim.image_size:
         raise ck.CheckpointError(f"checkpoint {step} was trained on {runner.image_size} px images; evaluate with "
                                  f"--image-size {runner.image_size} (the simulator is set to {sim.image_size} px)")

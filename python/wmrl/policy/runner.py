@@ -37,16 +37,27 @@ def pick_device(device: str = "auto"):
     return torch.device(device)
 
 
+def to_controller(actions, gripper_deadband: float):
+    """Raw actions (..., A) -> the controller's range: arm dimensions clipped to [-1, 1]; the
+    gripper (last dimension) snapped to -1 / 0 / +1 with ``gripper_deadband`` (0: only clipped).
+    robosuite moves the gripper by sign(g) every step, so a near-zero "hold" must stay 0."""
+    out = actions.clamp(-1.0, 1.0)
+    if gripper_deadband > 0:
+        g = out[..., -1]
+        out[..., -1] = (g.abs() >= gripper_deadband).to(g.dtype) * g.sign()
+    return out
+
+
 class PolicyRunner:
     def __init__(self, checkpoint: str | os.PathLike, *, device: str = "auto", sampler: str | None = None,
                  temperature: float | None = None, noise_level: float | None = None,
-                 denoise_steps: int | None = None, seed: int = 0):
+                 denoise_steps: int | None = None, gripper_deadband: float | None = None, seed: int = 0):
         loaded = load_checkpoint(checkpoint)
         self.path = Path(checkpoint)
         self.step = loaded.step
         self.image_size = loaded.image_size
         self.cfg = override(loaded.cfg, eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
-                            denoise_steps=denoise_steps)
+                            denoise_steps=denoise_steps, gripper_deadband=gripper_deadband)
         self.device = pick_device(device)
         if self.device.type == "cuda":
             import torch
@@ -73,6 +84,7 @@ class PolicyRunner:
             "temperature": c.temperature_eval if c.eval_sampler == "sde" else None,
             "temperature_applies_to": "std of every flow-SDE transition (initial noise stays N(0, I))"
                                       if c.eval_sampler == "sde" else "not used by the ODE sampler",
+            "gripper_deadband": c.gripper_deadband,
             "policy_seed": self.seed,
             "policy_device": str(self.device),
         }
@@ -112,7 +124,8 @@ class PolicyRunner:
         return self.model.encode(main, wrist, lang, proprio)
 
     def unnormalize(self, x):
-        return (x * self.norm["a_s"] + self.norm["a_c"]).clamp(-1.0, 1.0)
+        """Normalised policy output -> the controller's command (see ``to_controller``)."""
+        return to_controller(x * self.norm["a_s"] + self.norm["a_c"], self.cfg.gripper_deadband)
 
     def act(self, observations: list) -> np.ndarray:
         import torch

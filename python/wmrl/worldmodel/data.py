@@ -14,7 +14,9 @@ and validation episodes, and the mixing of new and replay data, come from the ma
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -44,6 +46,12 @@ class Episode:
     instruction: str = ""
 
 
+def _frames(dataset, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of an HDF5 image dataset, one read each (h5py's fancy indexing is several
+    times slower than decoding the chunk)."""
+    return np.stack([dataset[int(i)] for i in idx])
+
+
 def read_episode(group, chunk: int, source: str, key: str) -> Episode | None:
     fs = group["frame_step"][()].astype(np.int64)
     idx = boundary_frames(fs, chunk)
@@ -53,29 +61,51 @@ def read_episode(group, chunk: int, source: str, key: str) -> Episode | None:
         return None
     idx = idx[:n]
     obs = group["obs"]
+    # Only the boundary frames are decoded (images are stored one frame per HDF5 chunk): a
+    # demonstration recorded at every step decodes 1/chunk of its frames.
     return Episode(
-        main=obs["agentview_rgb"][()][idx], wrist=obs["eye_in_hand_rgb"][()][idx],
+        main=_frames(obs["agentview_rgb"], idx), wrist=_frames(obs["eye_in_hand_rgb"], idx),
         proprio=obs["proprio"][()][idx].astype(np.float32),
         actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
         success=group["rewards"][()][idx] > 0, source=source, key=key,
         task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")))
 
 
-def load_split(manifest_path, chunk: int, verify: bool = True) -> tuple[dict, list[Episode], list[Episode]]:
-    """The manifest (every file's hash checked first) and its training / validation episodes."""
-    import h5py
-
+def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
+               ) -> tuple[dict, list[Episode], list[Episode]]:
+    """The manifest (every file's hash checked first) and its training / validation episodes,
+    files read in parallel by ``workers`` processes (0: one per core)."""
     from wmrl.data.manifest import load_manifest
 
     manifest, files = load_manifest(manifest_path, verify=verify)
+    jobs = [(str(f.path), f.episodes, chunk, f.source) for f in files]
+    workers = min(len(jobs), workers or len(os.sched_getaffinity(0)))
+    if workers > 1:  # gzip decoding is the cost: one process per file
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            per_file = list(pool.map(_read_file, jobs))
+    else:
+        per_file = [_read_file(j) for j in jobs]
     train, val = [], []
-    for f in files:
-        with h5py.File(f.path, "r") as h:
-            for i in range(f.episodes):
-                ep = read_episode(h["data"][f"demo_{i}"], chunk, f.source, f"{f.path.name}:demo_{i}")
-                if ep is not None:
-                    (val if i in f.val_episodes else train).append(ep)
+    for f, episodes in zip(files, per_file):
+        for i, ep in episodes:
+            (val if i in f.val_episodes else train).append(ep)
     return manifest, train, val
+
+
+def _read_file(job: tuple) -> list[tuple[int, Episode]]:
+    import h5py
+
+    path, n, chunk, source = job
+    out = []
+    with h5py.File(path, "r") as h:
+        for i in range(n):
+            ep = read_episode(h["data"][f"demo_{i}"], chunk, source, f"{Path(path).name}:demo_{i}")
+            if ep is not None:
+                out.append((i, ep))
+    return out
 
 
 class Transitions:

@@ -88,7 +88,8 @@ class RewardObjective(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         dt = next(self.model.parameters()).dtype
-        return F.binary_cross_entropy_with_logits(self.model(x.to(dt)).float(), y.float())
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            return F.binary_cross_entropy_with_logits(self.model(x.to(dt)).float(), y.float())
 
 
 def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,

@@ -133,7 +133,9 @@ class Objective(torch.nn.Module):
         self.model, self.proprio_weight = model, proprio_weight
 
     def forward(self, frames, target, actions, proprio, next_proprio):
-        return self.model.loss(target, frames, actions, proprio, next_proprio, self.proprio_weight)
+        # autocast as well: DeepSpeed's bf16 engine need not cast every submodule alike
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=frames.is_cuda):
+            return self.model.loss(target, frames, actions, proprio, next_proprio, self.proprio_weight)
 
 
 def _load_data(job: WMJob, device):
@@ -143,7 +145,9 @@ def _load_data(job: WMJob, device):
 
     _, files = load_manifest(job.manifest, verify=True)
     check_files(files)
-    manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False)
+    # both views load at once, and every rank of a GPU group: share the cores among them
+    per_rank = len(os.sched_getaffinity(0)) // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False, workers=max(1, per_rank))
     size = {e.main.shape[1] for e in train + val}
     if size != {job.model.image_size}:
         raise WMConfigError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
@@ -289,7 +293,7 @@ def main(job: WMJob) -> dict:
         step += 1
         bar.update(1)
         # the seed's stop rule: the controller asks, we stop after this complete update
-        flag = torch.tensor([float((out / STOP_FILE).exists())])
+        flag = torch.tensor([float((out / STOP_FILE).exists())], device=device)  # NCCL reduces GPU tensors only
         dist.all_reduce(flag)
         stop_requested = bool(flag.item())
         if rank == 0 and (step % t.log_interval == 0 or step == 1):
