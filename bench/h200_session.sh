@@ -11,7 +11,8 @@
 #   bash bench/h200_session.sh wm       # world models: speed benchmark, then a real update on the
 #                                       # demonstrations (manifest, both views on the one GPU,
 #                                       # reward model, pair, fidelity); also carry .offline/wm312
-#                                       # (bash bench/make_wm_wheels.sh: DeepSpeed wheels)
+#                                       # (bash bench/make_wm_wheels.sh: DeepSpeed wheels); a call
+#                                       # that runs out of time is continued by running it again
 # The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
 # device tool brings that folder back), episode logs every 10 s, so a cut-off call still
 # returns what it finished.
@@ -76,7 +77,8 @@ wm)
   if [ "${NO_SIM:-0}" = 1 ]; then SIM=(); else
     [ -f "$OUT/throughput.json" ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128 --steps 480 --json "$OUT/throughput.json"
     SIM=(--sim-json "$OUT/throughput.json"); fi
-  t python3 bench/wm_throughput.py "${SIM[@]}" --json "$OUT/wm_throughput.json"
+  [ -f "$RUN/wm_throughput.json" ] || t python3 bench/wm_throughput.py "${SIM[@]}" --json "$RUN/wm_throughput.json"
+  cp "$RUN/wm_throughput.json" "$OUT/"
   if [ "${SDE_BG:-0}" = 1 ] && [ -f "$RUN/latest_policy.json" ]; then
     # the policy's flow-SDE evaluation (T=1.6) on half the cores, alongside the world-model
     # update below (whose wall times are then not those of an idle host)
@@ -87,10 +89,13 @@ wm)
   fi
   [ -d "$RUN/demos" ] && ls "$RUN"/demos/*.hdf5 >/dev/null 2>&1 || \
     t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --episodes "${WM_EPISODES:-20}" --no-progress > "$OUT/demos.json"
-  t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" --overwrite | tee "$OUT/manifest.txt"
+  # a cut-off call is continued by running this phase again: the manifest is kept (a new one
+  # would not resume) and the update resumes from its last save
+  [ -f "$RUN/manifest.json" ] || t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" | tee "$OUT/manifest.txt"
   mirror "$RUN/logs/wm_main.jsonl" wm_main.jsonl; mirror "$RUN/logs/wm_wrist.jsonl" wm_wrist.jsonl
-  WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-1000}" \
-      --save-interval 500 --no-progress | tee "$OUT/wm_update.txt"
+  # both views share the one GPU: ~0.6 s per update each (bench figure above, halved)
+  WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-400}" \
+      --save-interval 100 --no-progress | tee "$OUT/wm_update.txt"
   t python3 python/wm_reward.py --run "$RUN" --no-progress | tee "$OUT/wm_reward.txt"
   t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
   t python3 python/wm_eval.py --run "$RUN" --videos "$((VIDEOS * 2))" | tee "$OUT/wm_eval.txt"
