@@ -146,7 +146,8 @@ def _load_data(job: WMJob, device):
     _, files = load_manifest(job.manifest, verify=True)
     check_files(files)
     # both views load at once, and every rank of a GPU group: share the cores among them
-    per_rank = len(os.sched_getaffinity(0)) // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"  # torchrun / DeepSpeed
+    per_rank = len(os.sched_getaffinity(0)) // (2 * int(local))
     manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False, workers=max(1, per_rank))
     size = {e.main.shape[1] for e in train + val}
     if size != {job.model.image_size}:
