@@ -13,17 +13,21 @@
 #                                       # reward model, pair, fidelity); also carry .offline/wm312
 #                                       # (bash bench/make_wm_wheels.sh: DeepSpeed wheels); a call
 #                                       # that runs out of time is continued by running it again
+#   bash bench/h200_session.sh bimanual # Stage 0 and Stage 1 on a carried ALOHA bundle, then the
+#                                       # held-out next-chunk PSNR against copying the last frame
 # The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
 # device tool brings that folder back), episode logs every 10 s, so a cut-off call still
 # returns what it finished.
 set -euo pipefail
-phase="${1:?sim|learn|policy|wm}"
+phase="${1:?sim|learn|policy|wm|bimanual}"
 OUT="${OUT:-runs/h200/out}"
 RUN=runs/h200
 mkdir -p "$OUT" "$RUN"
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export MUJOCO_GL=egl PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-[ -d /tmp/sim/robosuite ] || python3 python/offline_bundle.py install --bundle .offline/py312 --target /tmp/sim --no-check
+if [ "$phase" != bimanual ]; then  # the LIBERO side: EGL loader and the offline bundle
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  [ -d /tmp/sim/robosuite ] || python3 python/offline_bundle.py install --bundle .offline/py312 --target /tmp/sim --no-check
+fi
 export PYTHONPATH=/tmp/sim:$PWD/python
 W=$(nproc)
 t() { local s=$EPOCHREALTIME; "$@"; echo "[time] $(python3 -c "print(round($EPOCHREALTIME - $s, 1))") s: $*" | tee -a "$OUT/times.txt"; }
@@ -103,5 +107,26 @@ wm)
   cp "$RUN"/model_pair/videos/*.mp4 "$OUT/" 2>/dev/null || true
   if [ -n "${SDE_PID:-}" ]; then wait "$SDE_PID" || true; cp "$RUN"/evidence/evaluations/*.json "$OUT/" || true; fi
   ;;
-*) echo "unknown phase $phase: sim, learn, policy or wm" >&2; exit 2 ;;
+bimanual)
+  # Stage 0 then Stage 1 on an ALOHA bundle made beforehand on any machine
+  # (`make bimanual-bundle RUN=r && cp -r r/bimanual/bundle .offline/aloha_bundle`), carried
+  # with .offline/wm312; reference budgets are 35,000 / 8,000 iterations, these runs are short.
+  # Rerunning the phase resumes both stages.
+  [ -d /tmp/wm/deepspeed ] || pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl
+  export PYTHONPATH=/tmp/wm:$PWD/python
+  B=${BIM_BUNDLE:-.offline/aloha_bundle} I0=${BIM_ITERS0:-2000} I1=${BIM_ITERS1:-1000}
+  export BIMANUAL_BUNDLE=$B BIMANUAL_OUTPUT_ROOT=$RUN/bimanual
+  t python3 python/bimanual.py validate "$B" --no-preview > "$OUT/bimanual_validate.json"
+  mirror "$RUN/bimanual/bimanual_stage0/log.jsonl" stage0.jsonl
+  t python3 python/bimanual.py train --stage 0 --config data/configs/stage0_bidir.toml --no-progress \
+      trainer.max_iter="$I0" checkpoint.save_iter=500 | tee "$OUT/stage0.txt"
+  root0=$RUN/bimanual/bimanual_stage0/checkpoints/iter_$(printf %09d "$I0")
+  mirror "$RUN/bimanual/bimanual_stage1/log.jsonl" stage1.jsonl
+  t python3 python/bimanual.py train --stage 1 --config data/configs/stage1_tf.toml --no-progress \
+      checkpoint.load_path="$root0" trainer.max_iter="$I1" checkpoint.save_iter=500 | tee "$OUT/stage1.txt"
+  root1=$RUN/bimanual/bimanual_stage1/checkpoints/iter_$(printf %09d "$I1")
+  t python3 python/bimanual.py evaluate --config data/configs/stage1_tf.toml --checkpoint "$root1" \
+      checkpoint.load_path="$root0" --out "$OUT/stage1_eval.json" | tee "$OUT/stage1_eval.txt"
+  ;;
+*) echo "unknown phase $phase: sim, learn, policy, wm or bimanual" >&2; exit 2 ;;
 esac
