@@ -37,8 +37,6 @@ MIRRORS=()
 mirror() { ( while true; do [ -f "$1" ] && cp "$1" "$OUT/$2"; sleep 10; done ) >/dev/null 2>&1 & MIRRORS+=($!); }
 trap '[ ${#MIRRORS[@]} -eq 0 ] || kill "${MIRRORS[@]}" 2>/dev/null; cp "$RUN"/logs/*.out "$OUT/" 2>/dev/null || true' EXIT
 exec 2> >(tee -a "$OUT/stderr.txt" >&2)  # errors come back even when the call is cut off
-# MP4s need imageio-ffmpeg, which the bundle leaves out (size): videos only where it is present
-VIDEOS=$(python3 -c "import imageio_ffmpeg" 2>/dev/null && echo 2 || echo 0)
 newest() { python3 -c "import json; print(json.load(open('$RUN/latest_policy.json'))['step'])"; }
 
 case "$phase" in
@@ -65,9 +63,9 @@ policy)
   ev=$RUN/evidence/evaluations/global_step_$step.json
   mirror "$RUN/eval_ode/episodes.jsonl" episodes_ode.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
-      --sampler ode --out "$RUN/eval_ode" --videos "$VIDEOS" | tee "$OUT/eval_ode.txt"
+      --sampler ode --out "$RUN/eval_ode" --videos 2 | tee "$OUT/eval_ode.txt"
   cp "$ev" "$OUT/eval_ode.json"
-  mkdir -p "$OUT/videos" && cp "$RUN"/eval_ode/videos/*.mp4 "$OUT/videos/" 2>/dev/null || true
+  mkdir -p "$OUT/videos" && cp "$RUN"/eval_ode/videos/* "$OUT/videos/" 2>/dev/null || true  # GIFs without imageio-ffmpeg
   [ "${SDE:-1}" = 1 ] || exit 0  # SDE=0: the flow-SDE evaluation runs in the wm phase instead
   mirror "$RUN/eval_sde/episodes.jsonl" episodes_sde.jsonl
   t python3 python/evaluate.py --policy checkpoint --run "$RUN" --ckpt "$step" --workers "$W" --no-progress \
@@ -102,9 +100,9 @@ wm)
       --save-interval 100 --no-progress | tee "$OUT/wm_update.txt"
   t python3 python/wm_reward.py --run "$RUN" --no-progress | tee "$OUT/wm_reward.txt"
   t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
-  t python3 python/wm_eval.py --run "$RUN" --videos "$((VIDEOS * 2))" | tee "$OUT/wm_eval.txt"
+  t python3 python/wm_eval.py --run "$RUN" --videos 4 | tee "$OUT/wm_eval.txt"
   cp "$RUN/model_pair/fidelity.json" "$RUN/model_pair/pair.json" "$RUN/train/selected_world_models.json" "$OUT/"
-  cp "$RUN"/model_pair/videos/*.mp4 "$OUT/" 2>/dev/null || true
+  cp "$RUN"/model_pair/videos/* "$OUT/" 2>/dev/null || true
   if [ -n "${SDE_PID:-}" ]; then wait "$SDE_PID" || true; cp "$RUN"/evidence/evaluations/*.json "$OUT/" || true; fi
   ;;
 bimanual)

@@ -34,10 +34,6 @@ def build(argv: list[str] | None = None):
     for path, how in ((args.pair / "pair.json", "make package"), (args.manifest, "make manifest")):
         if not path.is_file():
             raise ConfigError(f"{path} not found: make it first ({how} RUN={args.run})")
-    if args.videos > 0:
-        from wmrl.fileio import check_video_writer
-
-        check_video_writer()
     return args
 
 

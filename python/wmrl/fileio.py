@@ -38,26 +38,35 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
             tmp_path.unlink()
 
 
-def check_video_writer() -> None:
-    """Fail before any work when MP4s cannot be written (imageio's ffmpeg plugin is missing)."""
-    from wmrl.config import ConfigError
-
+def mp4_available() -> bool:
+    """Whether imageio can encode MP4 (its ffmpeg plugin, ``imageio-ffmpeg``, is installed)."""
     try:
         import imageio_ffmpeg
 
         imageio_ffmpeg.get_ffmpeg_exe()
-    except (ImportError, RuntimeError) as e:
-        raise ConfigError(f"videos need ffmpeg through imageio-ffmpeg ({e}); `pip install imageio-ffmpeg`, "
-                           "or ask for no videos (--videos 0)") from None
+        return True
+    except (ImportError, RuntimeError):
+        return False
 
 
 def write_video(path: str | os.PathLike, frames, fps: int) -> Path:
-    """Frames (T, H, W, 3) uint8 as an MP4, atomically (imageio's ffmpeg)."""
-    import imageio.v2 as imageio
+    """Frames (T, H, W, 3) uint8 as an MP4, atomically; returns the path written. Where no MP4
+    encoder is installed (the GPU server's offline bundle leaves imageio-ffmpeg out for size)
+    the same clip becomes an animated GIF next to it (Pillow), rather than failing a long run."""
+    path = Path(path)
+    if mp4_available():
+        import imageio.v2 as imageio
 
-    with atomic_path(path, suffix=Path(path).suffix) as tmp:
-        imageio.mimwrite(tmp, list(frames), fps=fps, macro_block_size=1)
-    return Path(path)
+        with atomic_path(path, suffix=path.suffix) as tmp:
+            imageio.mimwrite(tmp, list(frames), fps=fps, macro_block_size=1)
+        return path
+    from PIL import Image
+
+    path = path.with_suffix(".gif")
+    images = [Image.fromarray(f) for f in frames]
+    with atomic_path(path, suffix=".gif") as tmp:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return path
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -116,10 +116,6 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     from wmrl.sim.render import configure_renderer
 
     configure_renderer(sim.renderer)  # a missing GL library fails here, before any work
-    if cfg.videos > 0:
-        from wmrl.fileio import check_video_writer
-
-        check_video_writer()  # and so does a missing MP4 encoder
     out_dir = Path(out_dir)
     step_policy = policy if isinstance(policy, str) else None
     policy_id = policy_id or (f"{policy}" if step_policy else getattr(policy, "policy_id", "external"))
@@ -174,7 +170,8 @@ def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:
 
 
 def write_video(result: EpisodeResult, folder: Path) -> Path | None:
-    """MP4 of one episode, main and wrist camera side by side (one frame per chunk)."""
+    """MP4 (GIF without an MP4 encoder) of one episode, main and wrist camera side by side
+    (one frame per chunk)."""
     import numpy as np
 
     from wmrl.fileio import write_video as write_mp4

@@ -56,10 +56,6 @@ def evaluate_checkpoint(run: str | os.PathLike, step: int, *, sim: SimConfig, cf
     evidence = ck.evidence_path(run, step)
     if evidence.exists() and not overwrite:
         raise FileExistsError(f"{evidence} exists; pass --overwrite (OVERWRITE=1) to evaluate checkpoint {step} again")
-    if cfg.videos > 0:
-        from wmrl.fileio import check_video_writer
-
-        check_video_writer()
     runner = PolicyRunner(info.path, device=device, sampler=sampler, temperature=temperature,
                           gripper_deadband=gripper_deadband, seed=cfg.seed)
     if runner.image_size and runner.image_size != sim.image_size:
