@@ -100,6 +100,7 @@ def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys
     assert latest["step"] == 10 and latest["evaluation"]["trials"] == 1
     assert latest["evaluation"]["evidence"] == "evidence/evaluations/global_step_10.json"
     assert "evidence:" in capsys.readouterr().out
+    assert (run_copy / "eval" / "global_step_10" / "success_by_task.png").stat().st_size > 0
     # a second evaluation of the same checkpoint is refused without --overwrite; nothing changes
     before = ev.read_bytes()
     with pytest.raises(FileExistsError, match="--overwrite"):

@@ -104,6 +104,7 @@ def test_checkpoint_layout_and_latest_policy(trained_run):
     assert not list(ck.policy_dir(trained_run).glob(".*"))  # no temporary folders left
     loaded = ck.load_checkpoint(d, verify_hashes=True)
     assert loaded.build_model().num_parameters == meta["parameters"]
+    assert (trained_run / "logs" / "sft_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the loss curve
 
 
 def test_weights_only_checkpoint_is_refused_for_resume(run_copy, demo_dir):

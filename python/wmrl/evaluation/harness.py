@@ -159,6 +159,9 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
                "wall_s_this_run": round(wall, 2), "workers": workers, "episodes": episodes}
     path = out_dir / RESULTS
     write_json(path, results)
+    from wmrl.plots import success_by_task
+
+    success_by_task(summary, out_dir / "success_by_task.png", title=policy_id)
     return EvalOutput(path, summary)
 
 

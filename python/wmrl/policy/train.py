@@ -428,6 +428,11 @@ def main(job: SFTJob) -> dict:
         + (f", val {last['val_loss']:.4f}" if last["val_loss"] is not None else ""))
     if saved:
         say(f"[sft] newest checkpoint: {saved[-1]}")
+    if is_main and log_path.exists():
+        from wmrl.plots import loss_curve
+
+        if (png := loss_curve(log_path, log_dir / "sft_loss.png")) is not None:
+            say(f"[sft] loss curve: {png}")
     return {"step": stop, "trained_steps": trained, "checkpoints": saved, "samples_per_s": sps, **last,
             "parameters": nparams}
 

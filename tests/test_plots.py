@@ -1,0 +1,29 @@
+"""The figures: real PNGs from real logs and summaries, nothing for an empty log."""
+
+import json
+
+from PIL import Image
+
+from wmrl.plots import loss_curve, success_by_task
+
+
+def test_loss_curve_from_an_sft_log(tmp_path):
+    log = tmp_path / "sft.jsonl"
+    records = [{"step": s, "loss": 1.0 / s, "lr": 1e-3} for s in range(1, 60, 10)] + [{"step": 50, "val_loss": 0.05}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    png = loss_curve(log, tmp_path / "loss.png")
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] > 300
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"step": 1, "lr": 1e-3}) + "\n")
+    assert loss_curve(empty, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_success_by_task_bars(tmp_path):
+    summary = {"per_task": {"0": {"successes": 3, "trials": 4, "success_rate": 0.75},
+                            "1": {"successes": 0, "trials": 4, "success_rate": 0.0}},
+               "successes": 3, "trials": 8, "success_rate": 0.375}
+    png = success_by_task(summary, tmp_path / "s.png", title="expert")
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.png"]  # written atomically, no leftovers
