@@ -144,9 +144,9 @@ def _upscale(frames: np.ndarray, factor: int) -> np.ndarray:
 
 def write_video(path: Path, frames: np.ndarray, fps: int = 6) -> Path:
     """(N, H, W, 3) uint8 -> MP4 (upscaled so a person can see it)."""
-    from wmrl.fileio import write_video as write_mp4
+    from wmrl.fileio import write_video as write_clip
 
-    return write_mp4(path, _upscale(frames, max(1, 256 // frames.shape[1])), fps)
+    return write_clip(path, _upscale(frames, max(1, 256 // frames.shape[1])), fps)
 
 
 def write_sheet(path: Path, rows: list[np.ndarray]) -> Path:

@@ -177,7 +177,7 @@ def write_video(result: EpisodeResult, folder: Path) -> Path | None:
     (one frame per chunk)."""
     import numpy as np
 
-    from wmrl.fileio import write_video as write_mp4
+    from wmrl.fileio import write_video as write_clip
 
     traj = result.trajectory
     if traj is None:
@@ -185,4 +185,4 @@ def write_video(result: EpisodeResult, folder: Path) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     s = result.spec
     name = folder / f"task{s.task_index:02d}_trial{s.tag:02d}_{'success' if result.success else 'failure'}.mp4"
-    return write_mp4(name, np.concatenate([traj.main, traj.wrist], axis=2), fps=4)
+    return write_clip(name, np.concatenate([traj.main, traj.wrist], axis=2), fps=4)

@@ -53,16 +53,9 @@ def _read_file(path: str) -> list[dict]:
 
 
 def read_episodes(files: list[Path], workers: int = 0) -> list[dict]:
-    workers = workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if workers > 1 and len(files) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+    from wmrl.data.parallel import map_files
 
-        with ProcessPoolExecutor(min(workers, len(files)), mp_context=mp.get_context("spawn")) as pool:
-            parts = list(pool.map(_read_file, [str(f) for f in files]))
-    else:
-        parts = [_read_file(str(f)) for f in files]
-    return [ep for part in parts for ep in part]
+    return [ep for part in map_files(_read_file, [str(f) for f in files], workers) for ep in part]
 
 
 def split_episodes(episodes: list[dict], val_ratio: float, seed: int) -> tuple[list[int], list[int]]:

@@ -14,7 +14,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from wmrl.config import EvalConfig, SimConfig
+from wmrl.config import EvalConfig, PolicyConfig, SimConfig
 from wmrl.fileio import write_json
 from wmrl.policy import checkpoint as ck
 
@@ -38,7 +38,7 @@ def plan(run, step: int, sim: SimConfig, cfg: EvalConfig, out_dir=None, **sample
             "temperature": sampler.get("temperature") if sampler.get("temperature") is not None else pol.get("temperature_eval"),
             "noise_level": pol.get("noise_level"), "denoise_steps": pol.get("denoise_steps"),
             "gripper_deadband": sampler.get("gripper_deadband") if sampler.get("gripper_deadband") is not None
-            else pol.get("gripper_deadband", 0.5),
+            else pol.get("gripper_deadband", PolicyConfig.gripper_deadband),
             "eval": cfg, "sim": sim, "out": str(out_dir or default_out(run, step)),
             "evidence": str(ck.evidence_path(run, step))}
 

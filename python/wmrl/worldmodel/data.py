@@ -14,7 +14,6 @@ and validation episodes, and the mixing of new and replay data, come from the ma
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,16 +77,9 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
     from wmrl.data.manifest import load_manifest
 
     manifest, files = load_manifest(manifest_path, verify=verify)
-    jobs = [(str(f.path), f.episodes, chunk, f.source) for f in files]
-    workers = min(len(jobs), workers or len(os.sched_getaffinity(0)))
-    if workers > 1:  # gzip decoding is the cost: one process per file
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+    from wmrl.data.parallel import map_files
 
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            per_file = list(pool.map(_read_file, jobs))
-    else:
-        per_file = [_read_file(j) for j in jobs]
+    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source) for f in files], workers)
     train, val = [], []
     for f, episodes in zip(files, per_file):
         for i, ep in episodes:

@@ -155,7 +155,7 @@ class FrameWorldModel(nn.Module):
         c_skip = sd**2 / (s**2 + sd**2)
         c_out = s * sd / torch.sqrt(s**2 + sd**2)
         c_noise = torch.log(sigma) / 4
-        cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1).to(self.act_emb[0].weight.dtype))
+        cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1))
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
         return c_skip * noisy + c_out * self.unet(x, cond)
 
@@ -163,7 +163,7 @@ class FrameWorldModel(nn.Module):
         """Normalised proprio after the chunk (a residual on the current one)."""
         dt = self.unet.stem.weight.dtype
         actions, proprio = actions.to(dt), proprio.to(dt)
-        return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1).to(self.proprio_head[0].weight.dtype))
+        return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1))
 
     def loss(self, target: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
              next_proprio: torch.Tensor, proprio_weight: float = 1.0) -> tuple[torch.Tensor, dict]:

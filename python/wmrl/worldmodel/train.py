@@ -125,8 +125,8 @@ def check_resume(state_file: Path, world: int) -> None:
 
 
 class Objective(torch.nn.Module):
-    """Wraps the model so DeepSpeed's forward returns the loss (the model casts its inputs
-    to its weights' dtype; the loss is computed in float32)."""
+    """Wraps the model so DeepSpeed's forward returns the loss (bf16 autocast on a GPU; the
+    loss is computed in float32)."""
 
     def __init__(self, model, proprio_weight: float):
         super().__init__()
