@@ -79,8 +79,11 @@ wm)
   if [ "${NO_SIM:-0}" = 1 ]; then SIM=(); else
     [ -f "$OUT/throughput.json" ] || t python3 bench/sim_throughput.py --workers "$W" --sizes 128 --steps 480 --json "$OUT/throughput.json"
     SIM=(--sim-json "$OUT/throughput.json"); fi
-  [ -f "$RUN/wm_throughput.json" ] || t python3 bench/wm_throughput.py "${SIM[@]}" --json "$RUN/wm_throughput.json"
-  cp "$RUN/wm_throughput.json" "$OUT/"
+  # WM_BENCH=0: the update alone (the speed figures are already in RESULTS.md)
+  if [ "${WM_BENCH:-1}" = 1 ]; then
+    [ -f "$RUN/wm_throughput.json" ] || t python3 bench/wm_throughput.py "${SIM[@]}" --json "$RUN/wm_throughput.json"
+    cp "$RUN/wm_throughput.json" "$OUT/"
+  fi
   if [ "${SDE_BG:-0}" = 1 ] && [ -f "$RUN/latest_policy.json" ]; then
     # the policy's flow-SDE evaluation (T=1.6) on half the cores, alongside the world-model
     # update below (whose wall times are then not those of an idle host)
