@@ -92,16 +92,23 @@ wm)
         --sampler sde --temperature 1.6 --out "$RUN/eval_sde" --overwrite > "$OUT/eval_sde.txt" 2>&1 &
     SDE_PID=$!
   fi
+  # the world models read the cameras at chunk boundaries only (--frame-interval 0 records just those)
   [ -d "$RUN/demos" ] && ls "$RUN"/demos/*.hdf5 >/dev/null 2>&1 || \
-    t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --episodes "${WM_EPISODES:-20}" --no-progress > "$OUT/demos.json"
+    t python3 python/collect_demos.py --workers "$W" --out "$RUN/demos" --episodes "${WM_EPISODES:-20}" \
+      --frame-interval 0 --no-progress > "$OUT/demos.json"
   # a cut-off call is continued by running this phase again: the manifest is kept (a new one
   # would not resume) and the update resumes from its last save
   [ -f "$RUN/manifest.json" ] || t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" | tee "$OUT/manifest.txt"
   mirror "$RUN/logs/wm_main.jsonl" wm_main.jsonl; mirror "$RUN/logs/wm_wrist.jsonl" wm_wrist.jsonl
-  # both views share the one GPU: ~0.6 s per update each (bench figure above, halved)
+  # the reward model learns from real frames only: it trains alongside the world models
+  [ -f "$RUN/worldmodels/reward/config.json" ] || \
+    { t python3 python/wm_reward.py --run "$RUN" --no-progress > "$OUT/wm_reward.txt" 2>&1 & REWARD_PID=$!; }
+  # both views share the one GPU: ~0.5 s per update of 16 x 4 samples each (measured);
+  # WM_MINUTES: a time limit for the update (then both stop by the seed's rule and are packaged)
   WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-400}" \
-      --save-interval 100 --no-progress | tee "$OUT/wm_update.txt"
-  t python3 python/wm_reward.py --run "$RUN" --no-progress | tee "$OUT/wm_reward.txt"
+      --micro-batch "${WM_MICRO:-16}" --grad-accum "${WM_ACCUM:-4}" --save-interval 100 --no-progress \
+      ${WM_MINUTES:+--max-minutes "$WM_MINUTES"} | tee "$OUT/wm_update.txt"
+  [ -z "${REWARD_PID:-}" ] || wait "$REWARD_PID"
   t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
   t python3 python/wm_eval.py --run "$RUN" --videos 4 | tee "$OUT/wm_eval.txt"
   cp "$RUN/model_pair/fidelity.json" "$RUN/model_pair/pair.json" "$RUN/train/selected_world_models.json" "$OUT/"

@@ -34,6 +34,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--micro-batch", type=int)
     p.add_argument("--grad-accum", type=int, help="gradient accumulation (the seed's: 4)")
     p.add_argument("--lr", type=float)
+    p.add_argument("--max-minutes", type=float,
+                   help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
     p.add_argument("--ds-config", help="DeepSpeed JSON (ZeRO stage, precision); default data/worldmodel/ds_{cpu,gpu}.json")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -51,6 +53,9 @@ def build(argv: list[str] | None = None):
     if not manifest.is_file():
         raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}` "
                           "(python python/make_manifest.py --new ... --replay ...)")
+    if args.max_minutes is not None and (args.max_minutes <= 0 or args.view):
+        raise ConfigError("--max-minutes must be > 0 and is for both views (the controller); "
+                          "a single view stops with --stop-after")
     if args.ds_config and not Path(args.ds_config).is_file():
         raise ConfigError(f"--ds-config {args.ds_config}: no such file (examples in data/worldmodel/)")
     return args, prof, train, manifest
@@ -98,9 +103,11 @@ def main(args, prof, train, manifest) -> int:
     if args.dry_run:
         cli.print_plan("world model update (both views)", {
             "manifest": manifest, "train": train, "stop_rule": "wrist to its target, then main after its next update",
+            "time_limit_minutes": args.max_minutes,
             **{f"{v.view}_command": " ".join(v.command(args.hostfile)) for v in launches}})
         return 0
-    run_update(args.run, *launches, hostfile=args.hostfile)
+    run_update(args.run, *launches, hostfile=args.hostfile,
+               max_s=None if args.max_minutes is None else 60 * args.max_minutes)
     return 0
 
 

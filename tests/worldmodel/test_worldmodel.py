@@ -173,6 +173,18 @@ def test_both_views_with_the_stop_rule_write_the_selection(updated_run):
     assert "finished" in again.stdout  # a finished update is left alone
 
 
+def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
+    run = _clone(manifest_run, manifest_run.parent / "timed")
+    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu"], run, {"MASTER_PORT": "29660"})
+    sel = json.loads((run / "train/selected_world_models.json").read_text())
+    assert sel["wrist"]["reason"] == "stop requested" and 1 <= sel["wrist"]["step"] < 1000
+    assert sel["main"]["reason"] == "stop requested" and sel["time_limit_s"] == pytest.approx(0.06)
+    assert "stopped at the time limit" in r.stdout
+    assert (Path(sel["wrist"]["weights"]) / "model.safetensors").is_file()
+    bad = _wm(["--view", "main", "--max-minutes", "1"], run, check=False)
+    assert bad.returncode == 2 and "--stop-after" in bad.stderr
+
+
 def _py(script, *args, check=True):
     env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
     r = subprocess.run([sys.executable, str(REPO / "python" / script), *args], capture_output=True, text=True, env=env,
@@ -199,6 +211,7 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert set(fid["horizons"]) == {"1", "5"}
     for row in fid["horizons"].values():
         assert np.isfinite(row["psnr_main"]) and -1 <= row["ssim_wrist"] <= 1
+        assert np.isfinite(row["psnr_wrist_static"]) and -1 <= row["ssim_main_static"] <= 1
     assert 0 <= fid["reward"]["accuracy_real"] <= 1 and fid["reward"]["frames"] > 0
     assert Path(fid["videos"][0]).stat().st_size > 0
 
@@ -208,6 +221,26 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     w.write_bytes(bytes(data))
     bad = _py("package_pair.py", "--verify", str(run / "model_pair"), check=False)
     assert bad.returncode == 2 and "wrist/model.safetensors" in bad.stderr and "SHA-256" in bad.stderr
+
+
+def test_balanced_accuracy_weighs_the_rare_class_equally():
+    from wmrl.worldmodel.fidelity import balanced_accuracy
+
+    labels = torch.tensor([True] + [False] * 9)
+    assert balanced_accuracy(torch.zeros(10, dtype=torch.bool), labels) == 0.5  # "never": 90% plain accuracy
+    assert balanced_accuracy(labels.clone(), labels) == 1.0
+    assert balanced_accuracy(torch.ones(10, dtype=torch.bool), torch.ones(10, dtype=torch.bool)) is None
+
+
+def test_static_baseline_is_the_start_frame_held():
+    from wmrl.worldmodel.fidelity import metrics
+
+    g = torch.Generator().manual_seed(0)
+    real = {v: torch.rand(2, 6, 3, 16, 16, generator=g) * 2 - 1 for v in ("main", "wrist")}
+    roll = {"real": real, "imagined": real, "valid": torch.ones(2, 6, dtype=torch.bool), "steps": 5, "episodes": 2}
+    row = metrics(roll)["horizons"]["5"]
+    assert row["ssim_main"] == 1.0 and row["psnr_main"] > 90  # a perfect model
+    assert row["psnr_main_static"] < 15 and row["ssim_wrist_static"] < 0.5  # unrelated noise frames
 
 
 def test_psnr_and_ssim_of_identical_and_noisy_images():

@@ -8,6 +8,10 @@ model is asked to save after its next complete optimizer update and stop (it nee
 reach the target). The controller then writes ``RUN/train/selected_world_models.json``
 naming the two weight folders that the pair is packaged from.
 
+A time limit (``--max-minutes``, for a job slot or a lent machine) asks the wrist model to
+stop as well, after its next complete update; the main model then follows by the same rule,
+and the selection records that the limit, not the target, ended the update.
+
 Rerunning after an interruption continues both trainings from their checkpoints; a finished
 update (the selection exists) is left alone.
 """
@@ -92,8 +96,9 @@ class ViewLaunch:
 
 
 def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, hostfile: str | None = None,
-               poll_s: float = 2.0, log=print) -> dict:
-    """Train both views concurrently with the stop rule; returns (and writes) the selection."""
+               max_s: float | None = None, poll_s: float = 2.0, log=print) -> dict:
+    """Train both views concurrently with the stop rule; returns (and writes) the selection.
+    ``max_s``: after this many seconds the wrist model is asked to stop too (a time limit)."""
     run = Path(run)
     sel = selection_path(run)
     if sel.exists():
@@ -112,14 +117,20 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
             log(f"[wm-update] {v.view}: {' '.join(cmd)}  (GPUs {v.gpus or 'none: CPU'}; log {logs[v.view].name})")
             procs[v.view] = subprocess.Popen(cmd, env=v.env(), stdout=logs[v.view], stderr=subprocess.STDOUT)
         # the wrist model decides: when it finishes, the main model stops after its next update
+        timed_out = False
         while procs["wrist"].poll() is None:
             if procs["main"].poll() not in (None, 0):
                 raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); "
                                    f"see {logs['main'].name}")
+            if max_s is not None and not timed_out and time.perf_counter() - t0 >= max_s:
+                timed_out = True
+                log(f"[wm-update] time limit of {max_s:.0f} s: asking wrist to stop after its next update")
+                (view_dir(run, "wrist") / STOP_FILE).touch()
             time.sleep(poll_s)
         if procs["wrist"].returncode != 0:
             raise UpdateError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
-        log(f"[wm-update] wrist reached its target after {time.perf_counter() - t0:.0f} s; asking main to stop")
+        ended = "stopped at the time limit" if timed_out else "reached its target"
+        log(f"[wm-update] wrist {ended} after {time.perf_counter() - t0:.0f} s; asking main to stop")
         (view_dir(run, "main") / STOP_FILE).touch()
         if procs["main"].wait() != 0:
             raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
@@ -134,7 +145,8 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
               for v in ("main", "wrist")}
     selection = {"format": "wmrl-selection/1",
                  "rule": "wrist trains to its target; main saves after its next complete update and stops",
-                 "main": status["main"], "wrist": status["wrist"], "wall_s": round(time.perf_counter() - t0, 1)}
+                 "main": status["main"], "wrist": status["wrist"], "time_limit_s": max_s,
+                 "wall_s": round(time.perf_counter() - t0, 1)}
     write_json(sel, selection)
     log(f"[wm-update] selected main step {status['main']['step']} ({status['main']['reason']}), "
         f"wrist step {status['wrist']['step']}: {sel}")
