@@ -101,13 +101,15 @@ wm)
   [ -f "$RUN/manifest.json" ] || t python3 python/make_manifest.py --run "$RUN" --replay "$RUN/demos" | tee "$OUT/manifest.txt"
   mirror "$RUN/logs/wm_main.jsonl" wm_main.jsonl; mirror "$RUN/logs/wm_wrist.jsonl" wm_wrist.jsonl
   # the reward model learns from real frames only: it trains alongside the world models
-  [ -f "$RUN/worldmodels/reward/config.json" ] || \
+  [ "${WM_ONLY_UPDATE:-0}" = 1 ] || [ -f "$RUN/worldmodels/reward/config.json" ] || \
     { t python3 python/wm_reward.py --run "$RUN" --no-progress > "$OUT/wm_reward.txt" 2>&1 & REWARD_PID=$!; }
-  # both views share the one GPU: ~0.5 s per update of 16 x 4 samples each (measured);
-  # WM_MINUTES: a time limit for the update (then both stop by the seed's rule and are packaged)
-  WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-400}" \
+  # both views share the one GPU by default: ~0.5 s per update of 16 x 4 samples each (measured);
+  # on two GPUs: WM_GPUS_MAIN=0 WM_GPUS_WRIST=1. WM_MINUTES: a time limit for the update (then
+  # both stop by the seed's rule and are packaged); WM_ONLY_UPDATE=1: nothing after the update
+  WM_GPUS_MAIN=${WM_GPUS_MAIN:-0} WM_GPUS_WRIST=${WM_GPUS_WRIST:-0} t python3 python/wm_update.py --run "$RUN" --steps "${WM_STEPS:-400}" \
       --micro-batch "${WM_MICRO:-16}" --grad-accum "${WM_ACCUM:-4}" --save-interval 100 --no-progress \
       ${WM_MINUTES:+--max-minutes "$WM_MINUTES"} | tee "$OUT/wm_update.txt"
+  [ "${WM_ONLY_UPDATE:-0}" = 0 ] || exit 0
   [ -z "${REWARD_PID:-}" ] || wait "$REWARD_PID"
   t python3 python/package_pair.py --run "$RUN" --overwrite | tee "$OUT/package.txt"
   t python3 python/wm_eval.py --run "$RUN" --videos 4 | tee "$OUT/wm_eval.txt"
