@@ -139,8 +139,9 @@ offline-install:
 
 # ---- World models (the cycle's steps 2-4; .venv/wm, DeepSpeed) --------------------------------
 #   make manifest RUN=r DATA=<new trajectories> [REPLAY=<demos, earlier cycles>]   RUN/manifest.json
-#   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n]   both views; WM_GPUS_MAIN / WM_GPUS_WRIST pick
-#        the GPU groups (default half and half; CPU without GPUs); HOSTFILE=f for several hosts
+#   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n] [MAX_MINUTES=m]   both views; WM_GPUS_MAIN /
+#        WM_GPUS_WRIST pick the GPU groups (default half and half; CPU without GPUs); HOSTFILE=f for
+#        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows)
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
@@ -155,7 +156,7 @@ manifest: setup
 
 wm-update: setup
 	$(WM_PY) python/wm_update.py $(WM_FLAGS) $(call opt,--steps,$(STEPS)) $(call opt,--save-interval,$(SAVE_INTERVAL)) \
-		$(call opt,--hostfile,$(HOSTFILE))
+		$(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--hostfile,$(HOSTFILE))
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
