@@ -61,9 +61,9 @@ class RewardModel(nn.Module):
 def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> torch.Tensor:
     """Random blur (a 3x3 box, as a few-step generator's softness) and pixel noise."""
     blur = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
-    pick = (torch.rand(x.shape[0], 1, 1, 1, generator=g) < cfg.blur_prob).to(x.dtype)
+    pick = (torch.rand(x.shape[0], 1, 1, 1, generator=g, device=g.device) < cfg.blur_prob).to(x.dtype)
     x = pick * blur + (1 - pick) * x
-    return (x + cfg.noise_std * torch.randn(x.shape, generator=g)).clamp(-1, 1)
+    return (x + cfg.noise_std * torch.randn(x.shape, generator=g, device=g.device)).clamp(-1, 1)
 
 
 def calibrate(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
@@ -111,10 +111,14 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
         raise ValueError(f"the reward model needs success and failure frames; the training episodes have {len(pos)} "
                          f"success and {len(neg)} other frames (include successful and failed episodes)")
     torch.manual_seed(cfg.seed)
-    g = torch.Generator().manual_seed(cfg.seed)
     model = RewardModel(cfg)
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
+    # frames, indices and the augmentation's noise all on the training device: done on the
+    # host, the per-step blur and noise of a 128 px batch cost more than the model's step
+    g = torch.Generator(device=device).manual_seed(cfg.seed)
+    frames, labels = train_frames.to(device), train_labels.to(device)
+    pos, neg = pos.to(device), neg.to(device)
     tc = WMTrainConfig(steps=cfg.steps, micro_batch=cfg.batch, grad_accum=1, lr=cfg.lr, warmup=min(50, cfg.steps // 10))
     init_distributed(on_gpu)
     engine, *_ = deepspeed.initialize(model=RewardObjective(model), model_parameters=model.parameters(),
@@ -123,10 +127,9 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     t0 = time.perf_counter()
     for _ in tqdm(range(cfg.steps), desc="reward model", disable=not progress):
         half = cfg.batch // 2
-        idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g)],
-                         neg[torch.randint(len(neg), (cfg.batch - half,), generator=g)]])
-        x = generated_style(images_to_unit(train_frames[idx]), cfg, g)
-        loss = engine(x.to(device), train_labels[idx].to(device))
+        idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g, device=device)],
+                         neg[torch.randint(len(neg), (cfg.batch - half,), generator=g, device=device)]])
+        loss = engine(generated_style(images_to_unit(frames[idx]), cfg, g), labels[idx])
         engine.backward(loss)
         engine.step()
     model = engine.module.model.float().cpu().eval()
@@ -143,7 +146,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
     meta = {"format": "wmrl-reward/1", "config": asdict(cfg), "threshold": threshold,
             "val_balanced_accuracy": bal_acc, "val_frames": len(val_frames), "train_frames": len(train_frames),
-            "train_success_frames": int(len(pos)), "final_loss": float(loss), "wall_s": round(time.perf_counter() - t0, 1),
+            "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()), "wall_s": round(time.perf_counter() - t0, 1),
             **lineage, "model_sha256": sha256_file(out / "model.safetensors")}
     write_json(out / "config.json", meta)
     return meta
