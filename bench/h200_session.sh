@@ -12,12 +12,16 @@
 #                                       # demonstrations (manifest, both views on the one GPU,
 #                                       # reward model, pair, fidelity); also carry .offline/wm312
 #                                       # (bash bench/make_wm_wheels.sh: DeepSpeed wheels); a call
-#                                       # that runs out of time is continued by running it again
+#                                       # that runs out of time is continued by running it again.
+#                                       # Knobs: WM_BENCH=0 (no speed benchmark), NO_SIM=1, WM_EPISODES,
+#                                       # WM_STEPS, WM_MINUTES (time limit), WM_MICRO, WM_ACCUM,
+#                                       # WM_GPUS_MAIN / WM_GPUS_WRIST, WM_ONLY_UPDATE=1
 #   bash bench/h200_session.sh bimanual # Stage 0 and Stage 1 on a carried ALOHA bundle, then the
 #                                       # held-out next-chunk PSNR against copying the last frame
 # The phases run as consecutive calls on one warm machine. Results are copied to $OUT (the
 # device tool brings that folder back), episode logs every 10 s, so a cut-off call still
-# returns what it finished.
+# returns what it finished. The device tool brings back only a few files: point OUT at a
+# scratch folder and tar it into the tool's $OUT at the end (bench/RESULTS.md's calls do).
 set -euo pipefail
 phase="${1:?sim|learn|policy|wm|bimanual}"
 OUT="${OUT:-runs/h200/out}"
