@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--channels", default="32,64,128")
     p.add_argument("--blocks", type=int, default=1)
+    p.add_argument("--cond-dim", type=int, default=128)
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
@@ -54,7 +55,7 @@ def main() -> None:
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
     cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=tuple(int(c) for c in a.channels.split(",")),
-                           blocks_per_level=a.blocks, cond_dim=128, condition_on_main=a.view == "wrist")
+                           blocks_per_level=a.blocks, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist")
     tr = Transitions(shrink(train, a.size), cfg.context, a.device)
     va = Transitions(shrink(val, a.size), cfg.context, a.device)
     norm = proprio_stats(tr)
