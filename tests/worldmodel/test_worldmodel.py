@@ -224,7 +224,7 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
 
 
 def test_balanced_accuracy_weighs_the_rare_class_equally():
-    from wmrl.worldmodel.fidelity import balanced_accuracy
+    from wmrl.worldmodel.reward import balanced_accuracy
 
     labels = torch.tensor([True] + [False] * 9)
     assert balanced_accuracy(torch.zeros(10, dtype=torch.bool), labels) == 0.5  # "never": 90% plain accuracy

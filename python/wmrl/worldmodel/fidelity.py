@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from wmrl.worldmodel.reward import balanced_accuracy
+
 HORIZONS = (1, 5, 10, 20)
 
 
@@ -118,19 +120,14 @@ def metrics(roll: dict, reward=None) -> dict:
         out["reward"] = {"frames": int(len(labels)), "success_frames": int(labels.sum()),
                          "accuracy_real": round(float((pr == labels).float().mean()), 4),
                          "accuracy_imagined": round(float((pi == labels).float().mean()), 4),
-                         "balanced_accuracy_real": balanced_accuracy(pr, labels),
-                         "balanced_accuracy_imagined": balanced_accuracy(pi, labels),
+                         "balanced_accuracy_real": _round(balanced_accuracy(pr, labels)),
+                         "balanced_accuracy_imagined": _round(balanced_accuracy(pi, labels)),
                          "real_vs_imagined_agreement": round(float((pi == pr).float().mean()), 4)}
     return out
 
 
-def balanced_accuracy(pred: torch.Tensor, labels: torch.Tensor) -> float | None:
-    """Mean of the recall on success frames and on the others (None without both kinds)."""
-    pred, labels = pred.bool(), labels.bool()
-    if labels.all() or not labels.any():
-        return None
-    recall = [float((pred[labels == c] == c).float().mean()) for c in (True, False)]
-    return round(sum(recall) / 2, 4)
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def write_videos(roll: dict, out_dir: Path, count: int, fps: int = 4) -> list[str]:

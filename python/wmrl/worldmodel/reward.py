@@ -66,14 +66,21 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
     return (x + cfg.noise_std * torch.randn(x.shape, generator=g, device=g.device)).clamp(-1, 1)
 
 
+def balanced_accuracy(pred: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """Mean of the recall on success frames and on the others (None without both kinds):
+    success frames are rare, so plain accuracy rewards never saying "success"."""
+    pred, labels = pred.bool(), labels.bool()
+    if labels.all() or not labels.any():
+        return None
+    return sum(float((pred[labels == c] == c).float().mean()) for c in (True, False)) / 2
+
+
 def calibrate(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """The threshold with the best balanced accuracy, and that accuracy."""
+    """The threshold with the best balanced accuracy, and that accuracy (both kinds of frame
+    must be present)."""
     best = (0.5, -1.0)
     for th in torch.linspace(0.05, 0.95, 19):
-        pred = probs >= th
-        tpr = (pred & labels).sum() / labels.sum().clamp_min(1)
-        tnr = (~pred & ~labels).sum() / (~labels).sum().clamp_min(1)
-        bal = float((tpr + tnr) / 2)
+        bal = balanced_accuracy(probs >= th, labels)
         if bal > best[1]:
             best = (float(th), bal)
     return best
