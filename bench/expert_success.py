@@ -52,7 +52,7 @@ def run_task(job: tuple[int, list[int], int, int, bool]) -> list[dict]:
     """Worker: all requested initial states of one task with one env."""
     task, inits, seed, max_steps, random_resets = job
     _setup_path()
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     configure_renderer()
     from wmrl.config import SimConfig

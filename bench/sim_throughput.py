@@ -36,7 +36,7 @@ def _worker(args):
 
     from wmrl.config import SimConfig
     from wmrl.sim.env import SpatialEnv
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     configure_renderer()
     cfg = SimConfig(image_size=size, max_steps=steps, render_profile=profile, physics=physics)
@@ -67,7 +67,7 @@ def machine() -> dict:
     except OSError:
         pass
     from wmrl.sim.env import simulator_versions
-    from wmrl.sim.render import choose_backend
+    from wmrl.gl import choose_backend
 
     return {"host": platform.node(), "cores": os.cpu_count(), "cpu": model, "renderer": choose_backend(),
             "python": platform.python_version(), **simulator_versions()}
@@ -84,7 +84,7 @@ def main() -> None:
     p.add_argument("--physics", default="split", choices=["split", "stock"])
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     configure_renderer()
     info = machine()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from wmrl.worldmodel.config import WorldModelConfig  # noqa: E402
+from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import psnr  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402

@@ -152,7 +152,7 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from wmrl.worldmodel.config import get_wm_profile
+    from wmrl.config import get_wm_profile
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.peak_tflops is None:

@@ -29,7 +29,7 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     prof = get_profile(args.profile)
     demos = override(prof.demos, tasks=parse_tasks(args.tasks), episodes=args.episodes, workers=args.workers,
                      seed=args.seed, frame_interval=args.frame_interval, action_noise=args.action_noise)
-    return args, Profile(prof.name, cli.sim_config(args, prof.sim), prof.eval, demos)
+    return args, override(prof, sim=cli.sim_config(args, prof.sim), demos=demos)
 
 
 def main(args: argparse.Namespace, prof: Profile) -> int:

@@ -2,7 +2,8 @@
 
     python python/evaluate.py --policy expert --trials 5
     python python/evaluate.py --policy random --tasks 0-2 --trials 10 --out runs/eval/random
-    python python/evaluate.py --ckpt 2000 --run runs/default     # policy checkpoint (make eval CKPT=2000)
+    python python/evaluate.py --ckpt 60 --run runs/default       # GRPO step 60 (make eval CKPT=60)
+    python python/evaluate.py --ckpt sft/4000 --run runs/default # a supervised checkpoint (make eval CKPT=sft/4000)
 
 Writes OUT/results.json (every episode, per-task summary, settings, simulator versions) and
 prints a per-task table. Rerun the same command after an interruption to continue.
@@ -21,7 +22,8 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", choices=["expert", "random", "checkpoint"],
                    help="policy to evaluate (default: expert; checkpoint when --ckpt is given)")
-    p.add_argument("--ckpt", type=int, help="policy checkpoint step: RUN/weights/policy/global_step_N")
+    p.add_argument("--ckpt", help="policy checkpoint: N = GRPO step N (RUN/weights/policy/global_step_N), "
+                                  "sft/N = supervised step N (RUN/weights/sft/global_step_N)")
     p.add_argument("--run", default="runs/default", help="run folder holding the checkpoint (with --ckpt)")
     p.add_argument("--sampler", choices=["ode", "sde"], help="checkpoint sampler (default: the checkpoint's)")
     p.add_argument("--temperature", type=float, help="SDE temperature at evaluation (default: the checkpoint's)")
@@ -40,9 +42,9 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
                   seed=args.seed, videos=args.videos)
     sim = cli.sim_config(args, prof.sim)
     if args.ckpt is not None and args.image_size is None:  # a checkpoint is evaluated at its own image size
-        from wmrl.policy.evaluate import checkpoint_image_size
+        from wmrl.policy import checkpoint as ck
 
-        sim = override(sim, image_size=checkpoint_image_size(args.run, args.ckpt) or None)
+        sim = override(sim, image_size=int(ck.read_meta(ck.resolve(args.run, args.ckpt).path).get("image_size", 0)) or None)
     prof = override(prof, sim=sim, eval=ev)
     return args, prof
 
@@ -67,15 +69,41 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
 
 
 def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
-    from wmrl.evaluation.harness import format_table
-    from wmrl.policy import evaluate as ev
+    """A policy checkpoint: the runner is built here; the harness takes any chunk policy."""
+    from wmrl.evaluation.evidence import publish
+    from wmrl.evaluation.harness import evaluate, format_table
+    from wmrl.layout import RunLayout
+    from wmrl.policy import checkpoint as ck
 
-    opts = dict(sampler=args.sampler, temperature=args.temperature, gripper_deadband=args.gripper_deadband)
+    info = ck.resolve(args.run, args.ckpt)  # lists the checkpoints that exist when this one does not
+    layout = RunLayout(args.run)
+    out = Path(args.out) if args.out else layout.eval_dir(info.step, info.kind)
+    evidence = layout.evidence(info.step, info.kind)
+    meta = ck.read_meta(info.path)
+    pol = ck.policy_config_from(meta.get("policy", {}), str(info.path))
+    pol = override(pol, eval_sampler=args.sampler, temperature_eval=args.temperature, gripper_deadband=args.gripper_deadband)
+    if pol.chunk_size != prof.sim.chunk_size:
+        raise ConfigError(f"checkpoint {info.ref} acts in chunks of {pol.chunk_size}, the simulator runs chunks of "
+                          f"{prof.sim.chunk_size}: evaluate it with a profile of the same chunk size")
     if args.dry_run:
-        cli.print_plan("evaluate checkpoint", ev.plan(args.run, args.ckpt, prof.sim, prof.eval, args.out, **opts))
+        cli.print_plan("evaluate checkpoint", {
+            "checkpoint": str(info.path), "kind": info.state, "episodes": len(prof.eval.tasks) * prof.eval.trials,
+            "sampler": pol.eval_sampler, "temperature": pol.temperature_eval if pol.eval_sampler == "sde" else None,
+            "noise_level": pol.noise_level, "denoise_steps": pol.denoise_steps, "gripper_deadband": pol.gripper_deadband,
+            "eval": prof.eval, "sim": prof.sim, "out": str(out), "evidence": str(evidence)})
         return 0
-    result, evidence = ev.evaluate_checkpoint(args.run, args.ckpt, sim=prof.sim, cfg=prof.eval, out_dir=args.out,
-                                              overwrite=args.overwrite, progress=not args.no_progress, **opts)
+    if evidence.exists() and not args.overwrite:
+        raise FileExistsError(f"{evidence} exists; pass --overwrite (OVERWRITE=1) to evaluate checkpoint {info.ref} again")
+    from wmrl.policy.runner import PolicyRunner
+
+    runner = PolicyRunner(info.path, sampler=args.sampler, temperature=args.temperature,
+                          gripper_deadband=args.gripper_deadband, seed=prof.eval.seed)
+    if runner.image_size and runner.image_size != prof.sim.image_size:
+        raise ck.CheckpointError(f"checkpoint {info.ref} was trained on {runner.image_size} px images; evaluate with "
+                                 f"--image-size {runner.image_size} (the simulator is set to {prof.sim.image_size} px)")
+    result = evaluate(runner, sim=prof.sim, cfg=prof.eval, out_dir=out, policy_id=runner.policy_id,
+                      overwrite=args.overwrite, progress=not args.no_progress, extra_settings=runner.settings())
+    evidence = publish(args.run, info, result.results, harness_results=result.results_path)
     from wmrl.sim.tasks import get_task
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))

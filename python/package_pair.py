@@ -1,5 +1,5 @@
 """Package RUN/model_pair: both world models (from the update's selection), the reward model
-and real initial observations, with SHA-256 and lineage in pair.json.
+and keyframes of real training trajectories (GRPO's starts), with SHA-256 and lineage in pair.json.
 
     python python/package_pair.py --run runs/c1          # -> runs/c1/model_pair/pair.json
     python python/package_pair.py --verify runs/c1/model_pair
@@ -11,6 +11,7 @@ import argparse
 import json
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):
@@ -18,6 +19,7 @@ def build(argv: list[str] | None = None):
     p.add_argument("--run", default="runs/default")
     p.add_argument("--out", help="pair folder (default RUN/model_pair)")
     p.add_argument("--verify", metavar="PAIR", help="only verify an existing pair's hashes")
+    p.add_argument("--profile", default="default", help="whose GRPO keyframe settings to use (default, tiny)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
@@ -33,12 +35,16 @@ def main(args) -> int:
         return 0
     if args.dry_run:
         cli.print_plan("package model pair", {"run": args.run, "out": args.out or f"{args.run}/model_pair",
-                                              "from": f"{args.run}/train/selected_world_models.json"})
+                                              "from": str(RunLayout(args.run).selection)})
         return 0
-    path = package_pair(args.run, args.out, overwrite=args.overwrite)
+    from wmrl.config import get_profile
+
+    g = get_profile(args.profile).grpo
+    path = package_pair(args.run, args.out, overwrite=args.overwrite, keyframe_max_chunk=g.keyframe_max_chunk,
+                        keyframes_per_task=g.keyframes_per_task, seed=g.seed)
     meta = json.loads(path.read_text())
     print(f"[pair] {path}: main step {meta['models']['main']['step']}, wrist step {meta['models']['wrist']['step']}, "
-          f"{meta['init_observations']['episodes']} initial observations")
+          f"{meta['init_observations']['keyframes']} keyframes from {meta['init_observations']['episodes']} episodes")
     return 0
 
 

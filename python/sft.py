@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import get_profile, override, parse_tasks, profile_names
+from wmrl.config import SFTConfig, get_profile, override, parse_tasks, profile_names
 
 
 def build(argv: list[str] | None = None):
@@ -26,21 +26,7 @@ def build(argv: list[str] | None = None):
                    help="run folder (checkpoints, logs); --run-dir under torchrun, which claims --run")
     p.add_argument("--data", nargs="+", help="demonstration files or folders (default: RUN/demos)")
     p.add_argument("--tasks", help="train on these task indices only: 0,3,5 or 0-4 or all (default: every episode)")
-    g = p.add_argument_group("training (default: the profile's)")
-    g.add_argument("--steps", type=int)
-    g.add_argument("--batch-size", type=int, help="global batch (split over GPUs)")
-    g.add_argument("--lr", type=float)
-    g.add_argument("--warmup", type=int)
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--ema", type=float, help="EMA decay of the saved weights (0: off)")
-    g.add_argument("--save-interval", type=int)
-    g.add_argument("--full-interval", type=int, help="full checkpoints (with train state) every N steps")
-    g.add_argument("--eval-interval", type=int, help="validation loss every N steps")
-    g.add_argument("--log-interval", type=int)
-    g.add_argument("--val-ratio", type=float, help="fraction of episodes held out (split by episode)")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--num-workers", type=int, help="processes decoding the HDF5 files at start (0: one per core)")
-    g.add_argument("--no-bf16", action="store_true", help="float32 on GPU too")
+    cli.add_config_flags(p, SFTConfig, title="training")
     g = p.add_argument_group("policy sampler (recorded in the checkpoint; used by make eval)")
     g.add_argument("--denoise-steps", type=int, help="K flow steps")
     g.add_argument("--noise-level", type=float, help="flow-SDE noise level (0.5)")
@@ -55,11 +41,7 @@ def build(argv: list[str] | None = None):
     args = p.parse_args(argv)
 
     prof = get_profile(args.profile)
-    sft = override(prof.sft, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                   weight_decay=args.weight_decay, ema=args.ema, save_interval=args.save_interval,
-                   full_interval=args.full_interval, eval_interval=args.eval_interval, log_interval=args.log_interval,
-                   val_ratio=args.val_ratio, seed=args.seed, num_workers=args.num_workers,
-                   bf16=False if args.no_bf16 else None)
+    sft = cli.config_from_flags(args, prof.sft)
     policy = override(prof.policy, denoise_steps=args.denoise_steps, noise_level=args.noise_level)
     if args.stop_after is not None and args.stop_after < 1:
         from wmrl.config import ConfigError

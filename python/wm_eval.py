@@ -48,19 +48,19 @@ def main(args) -> int:
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import load_split
     from wmrl.worldmodel.fidelity import metrics, open_loop, write_videos
-    from wmrl.worldmodel.reward import load_reward
-    from wmrl.worldmodel.train import load_weights
+    from wmrl.worldmodel.model import FrameWorldModel
+    from wmrl.worldmodel.reward import RewardModel
 
     pair = load_pair(args.pair)  # every hash checked before any weights load
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
-    main_m, s_main = load_weights(pair.part("main"), device)
-    wrist_m, s_wrist = load_weights(pair.part("wrist"), device)
-    reward = load_reward(pair.part("reward"))
+    main_m = FrameWorldModel.from_pretrained(pair.part("main"), device)
+    wrist_m = FrameWorldModel.from_pretrained(pair.part("wrist"), device)
+    reward = RewardModel.from_pretrained(pair.part("reward"))
     _, _, val = load_split(args.manifest, main_m.cfg.chunk_size)
     if not val:
         raise ConfigError(f"{args.manifest} has no validation episodes; build it with --val-ratio > 0")
     val = val[: args.episodes]
-    roll = open_loop(main_m, wrist_m, s_main, s_wrist, val, args.horizon, seed=args.seed, device=device)
+    roll = open_loop(main_m, wrist_m, val, args.horizon, seed=args.seed, device=device)
     result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
               **metrics(roll, reward)}
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)

@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import ConfigError, override
+from wmrl.config import ConfigError, get_profile, override, profile_names
 
 
 def build(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="default", choices=["default", "tiny"])
+    p.add_argument("--profile", default="default", choices=profile_names())
     p.add_argument("--run", default="runs/default")
     p.add_argument("--manifest", help="default: RUN/manifest.json")
     p.add_argument("--steps", type=int)
@@ -35,9 +35,7 @@ def build(argv: list[str] | None = None):
 
 
 def main(args, manifest: Path) -> int:
-    from wmrl.worldmodel.reward import TINY_REWARD, RewardConfig
-
-    cfg = override(TINY_REWARD if args.profile == "tiny" else RewardConfig(), steps=args.steps)
+    cfg = override(get_profile(args.profile).reward, steps=args.steps)
     out = Path(args.run) / "worldmodels" / "reward"
     if args.dry_run:
         cli.print_plan("reward model", {"manifest": manifest, "config": cfg, "out": out})

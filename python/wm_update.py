@@ -14,26 +14,23 @@ interruption: each view continues from its newest checkpoint.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import ConfigError, override
-from wmrl.worldmodel.config import VIEWS, get_wm_profile
+from wmrl.config import VIEWS, ConfigError, WMTrainConfig, get_profile, profile_names
 
 
 def build(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="default", choices=["default", "tiny"])
+    p.add_argument("--profile", default="default", choices=profile_names())
     p.add_argument("--run", "--run-dir", dest="run", default="runs/default", help="run folder")
     p.add_argument("--manifest", help="data manifest (default: RUN/manifest.json)")
     p.add_argument("--view", choices=VIEWS, help="train this view only (default: both, with the stop rule)")
-    p.add_argument("--steps", type=int, help="target optimizer updates (the wrist model's decides for both)")
-    p.add_argument("--save-interval", type=int, help="DeepSpeed checkpoint + weights every N updates")
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--grad-accum", type=int, help="gradient accumulation (the seed's: 4)")
-    p.add_argument("--lr", type=float)
+    cli.add_config_flags(p, WMTrainConfig, title="training (--steps: the wrist model's target decides for both)",
+                         skip=("ds_config_cpu", "ds_config_gpu"))
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -46,9 +43,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    prof = get_wm_profile(args.profile)
-    train = override(prof.train, steps=args.steps, save_interval=args.save_interval, micro_batch=args.micro_batch,
-                     grad_accum=args.grad_accum, lr=args.lr)
+    prof = get_profile(args.profile).wm
+    train = cli.config_from_flags(args, prof.train)
     manifest = Path(args.manifest or Path(args.run) / "manifest.json")
     if not manifest.is_file():
         raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}` "
@@ -62,11 +58,14 @@ def build(argv: list[str] | None = None):
 
 
 def _passthrough(args) -> list[str]:
+    """The flags each view's process gets from the controller (every training field given)."""
     out = ["--profile", args.profile, "--run", args.run, "--manifest", str(args.manifest or Path(args.run) / "manifest.json")]
-    for flag, val in (("--steps", args.steps), ("--save-interval", args.save_interval), ("--micro-batch", args.micro_batch),
-                      ("--grad-accum", args.grad_accum), ("--lr", args.lr), ("--ds-config", args.ds_config)):
+    for f in dataclasses.fields(WMTrainConfig):
+        val = getattr(args, f.name, None)
         if val is not None:
-            out += [flag, str(val)]
+            out += [f"--{f.name.replace('_', '-')}", str(val)]
+    if args.ds_config:
+        out += ["--ds-config", args.ds_config]
     if args.no_progress:
         out.append("--no-progress")
     return out
@@ -77,7 +76,7 @@ def main(args, prof, train, manifest) -> int:
         from wmrl.worldmodel.train import WMJob, main as train_main
 
         job = WMJob(view=args.view, run=Path(args.run), manifest=manifest, model=prof.model(args.view), train=train,
-                    profile=prof.name, device=args.device, ds_config=args.ds_config, stop_after=args.stop_after,
+                    profile=args.profile, device=args.device, ds_config=args.ds_config, stop_after=args.stop_after,
                     progress=not args.no_progress)
         if args.dry_run:
             cli.print_plan(f"world model update ({args.view})", {"manifest": manifest, "model": job.model, "train": train})
@@ -99,7 +98,9 @@ def main(args, prof, train, manifest) -> int:
             raise ConfigError("--device cuda: no GPU is visible")
     g_main, g_wrist = gpu_groups(visible, args.gpus_main, args.gpus_wrist)
     base = int(os.environ.get("MASTER_PORT", "29600"))
-    launches = [ViewLaunch("main", g_main, base, _passthrough(args)), ViewLaunch("wrist", g_wrist, base + 1, _passthrough(args))]
+    me = str(Path(__file__).resolve())  # each view's process runs this script with --view
+    launches = [ViewLaunch("main", g_main, base, _passthrough(args), me),
+                ViewLaunch("wrist", g_wrist, base + 1, _passthrough(args), me)]
     if args.dry_run:
         cli.print_plan("world model update (both views)", {
             "manifest": manifest, "train": train, "stop_rule": "wrist to its target, then main after its next update",

@@ -12,7 +12,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: runs real simulator episodes for more than ~30 s")
     # Pick the GL backend once, before any test imports MuJoCo (it reads MUJOCO_GL at import).
-    from wmrl.sim.render import RendererError, configure_renderer
+    from wmrl.gl import RendererError, configure_renderer
 
     try:
         configure_renderer()

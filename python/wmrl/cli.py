@@ -8,11 +8,14 @@ one-line ``error: ...`` that says what to do, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
+import re
 import sys
 from typing import Any, Callable
 
-from wmrl.config import ConfigError, SimConfig, override, profile_names
+from wmrl.config import ConfigError, SimConfig, override, parse_tasks, profile_names
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileExistsError, FileNotFoundError)
 
@@ -20,7 +23,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileExistsError
 def expected_errors() -> tuple[type[BaseException], ...]:
     from wmrl.data.trajectory import TrajectoryError
     from wmrl.evaluation.harness import EvaluationError
-    from wmrl.sim.render import RendererError
+    from wmrl.gl import RendererError
 
     return EXPECTED_ERRORS + (TrajectoryError, EvaluationError, RendererError)
 
@@ -42,6 +45,57 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def sim_config(args: argparse.Namespace, base: SimConfig) -> SimConfig:
     return override(base, image_size=args.image_size, max_steps=args.max_steps, renderer=args.renderer)
+
+
+# ----------------------------------------------------------------------- flags from configs
+_SCALARS = {"int": int, "float": float, "str": str}
+
+
+def _field_comments(cls) -> dict[str, str]:
+    """The trailing ``# comment`` of each field in the class source: the flag's help text."""
+    out = {}
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return out
+    for line in lines:
+        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def add_config_flags(p: argparse.ArgumentParser | Any, cls, *, prefix: str = "", skip: tuple[str, ...] = (),
+                     title: str | None = None) -> None:
+    """One ``--flag`` per field of the dataclass ``cls`` (``lr`` -> ``--lr``, ``save_interval`` ->
+    ``--save-interval``; booleans get ``--x/--no-x``; tuples of numbers take ``1,2,3``), all
+    defaulting to None (= keep the profile's value). ``config_from_flags`` applies them."""
+    g = p.add_argument_group(title) if title else p
+    helps = _field_comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + (prefix + f.name).replace("_", "-")
+        dest = prefix + f.name
+        help_ = helps.get(f.name, "") + " (default: the profile's)"
+        kind = str(f.type)
+        if f.name == "tasks":
+            g.add_argument(flag, dest=dest, type=parse_tasks, default=None, metavar="TASKS", help="task indices: 0,3,5 or "
+                           "0-4 or all" + help_)
+        elif kind == "bool":
+            g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif kind in _SCALARS:
+            g.add_argument(flag, dest=dest, type=_SCALARS[kind], default=None, help=help_)
+        elif kind.startswith("tuple[int") or kind.startswith("tuple[float"):
+            num = int if kind.startswith("tuple[int") else float
+            g.add_argument(flag, dest=dest, type=lambda s, num=num: tuple(num(x) for x in s.split(",")), default=None,
+                           metavar="A,B,...", help=help_)
+
+
+def config_from_flags(args: argparse.Namespace, cfg, *, prefix: str = ""):
+    """``cfg`` with every flag that ``add_config_flags`` made and the user gave applied."""
+    changes = {f.name: getattr(args, prefix + f.name, None) for f in dataclasses.fields(cfg)}
+    return override(cfg, **changes)
 
 
 def print_plan(title: str, plan: dict[str, Any]) -> None:

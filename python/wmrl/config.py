@@ -1,9 +1,18 @@
-"""Typed configuration with a named registry of profiles.
+"""Typed configuration: every stage's settings, and the one named registry of them.
 
-A profile bundles the settings of every stage. ``default`` is the full-scale setting of the
-original system (10 tasks x 50 episodes, 128 px, 240 steps); ``tiny`` is the same code at toy
-scale for CPU tests and ``make demo``. Command-line flags override single fields of the
-chosen profile (see ``override``); every override is validated by ``__post_init__``.
+A profile bundles the settings of every stage: simulator, evaluation, demonstrations,
+collection, policy, supervised training, world models, reward model and GRPO. ``default`` is
+the full-scale setting of the original system (10 tasks x 50 episodes, 128 px, 240 steps);
+``tiny`` is the same code at toy scale for CPU tests and ``make demo``.
+
+    get_config("tiny")          the tiny profile (a ``Profile``)
+    get_config("grpo")          the default profile's GRPO settings (a ``GRPOConfig``)
+    get_config("grpo_tiny")     the tiny profile's; likewise policy, sft, wm, reward, ...
+
+Dimensions shared by several models (chunk size, action and proprio dimension, cameras) are
+defined once below and checked where configs meet (``Profile.__post_init__``; a checkpoint of
+another chunk size is refused, not adapted). Command-line flags override single fields
+(``override``, ``wmrl.cli.add_config_flags``); every override is validated by ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -15,7 +24,11 @@ from typing import Any
 
 NUM_SPATIAL_TASKS = 10
 TRIALS_PER_TASK = 50  # LIBERO ships 50 fixed initial states per task
+# Shared by the simulator, the policy, the world models and GRPO: defined here only.
+CHUNK_SIZE = 8  # actions per policy call; images exist only between chunks (the original's)
 ACTION_DIM = 7  # OSC_POSE delta: xyz, axis-angle, gripper (-1 open, +1 close)
+PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
+VIEWS = ("main", "wrist")  # agentview and eye-in-hand cameras
 RENDERERS = ("auto", "osmesa", "egl", "glfw")
 
 
@@ -38,7 +51,7 @@ class SimConfig:
     """How the real simulator is run. Training data and evaluation must agree on these."""
 
     image_size: int = 128  # square, both cameras
-    chunk_size: int = 8  # actions executed per policy call; images rendered only between chunks
+    chunk_size: int = CHUNK_SIZE  # actions executed per policy call; images rendered only between chunks
     max_steps: int = 240  # policy steps per episode (220 is the other common convention)
     settle_steps: int = 10  # no-op steps after reset while objects fall onto the table; not counted
     renderer: str = "auto"  # auto: egl with an NVIDIA GPU, osmesa without
@@ -143,9 +156,9 @@ class PolicyConfig:
     ``eval_sampler="sde"``; the initial noise stays N(0, I)).
     """
 
-    chunk_size: int = 8  # actions predicted per call (= SimConfig.chunk_size)
+    chunk_size: int = CHUNK_SIZE  # actions predicted per call (= SimConfig.chunk_size)
     action_dim: int = ACTION_DIM
-    proprio_dim: int = 8
+    proprio_dim: int = PROPRIO_DIM
     lang_dim: int = 384  # all-MiniLM-L6-v2 sentence embedding
     channels: tuple[int, ...] = (32, 64, 128, 256)  # conv stages per camera (ResNet-ish, GroupNorm)
     grid: int = 8  # image tokens per camera: grid x grid
@@ -241,15 +254,243 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class CollectConfig:
+    """Real trajectories with the current policy (``make collect``): success and failure kept,
+    seeded random placements (``mode=train``), never the fixed evaluation states."""
+
+    tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
+    episodes: int = 50  # per task (the original: 10 x 50 = 500 trajectories per cycle)
+    workers: int = 0
+    seed: int = 20261021  # the seed's cycle seed; reset seeds are derived from it
+    sampler: str = "sde"  # the policy's stochastic sampler shows the mistakes GRPO must see
+    temperature: float = 1.0  # the SDE temperature while collecting (training rollouts use 1)
+
+    def __post_init__(self) -> None:
+        _check_tasks(self.tasks, "collection")
+        if self.episodes < 1:
+            raise ConfigError(f"collect.episodes={self.episodes}: must be >= 1 (EPISODES=...)")
+        if self.workers < 0:
+            raise ConfigError(f"collect.workers={self.workers}: use 0 (one per core) or a positive count")
+        if self.sampler not in EVAL_SAMPLERS:
+            raise ConfigError(f"collect.sampler={self.sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
+        if not 0.0 < self.temperature <= 10.0:
+            raise ConfigError(f"collect.temperature={self.temperature}: use a value in (0, 10]")
+
+
+@dataclass(frozen=True)
+class WorldModelConfig:
+    """A pixel-space EDM denoiser (DIAMOND-style): next chunk-boundary frame of one view from
+    the last ``context`` frames of that view, the chunk's actions and the proprio."""
+
+    view: str = "main"
+    image_size: int = 128
+    context: int = 2  # frames of history (the current one included), one chunk apart
+    chunk_size: int = CHUNK_SIZE
+    action_dim: int = ACTION_DIM
+    proprio_dim: int = PROPRIO_DIM
+    condition_on_main: bool = False  # wrist model: also see the main view's current frame
+    channels: tuple[int, ...] = (64, 128, 256)  # U-Net widths per resolution level
+    blocks_per_level: int = 2
+    cond_dim: int = 256  # noise level + actions + proprio embedding
+    proprio_hidden: int = 256  # next-proprio head
+    # EDM (Karras et al. 2022), as DIAMOND uses it
+    sigma_data: float = 0.5
+    p_mean: float = -0.4  # log-normal noise levels for training
+    p_std: float = 1.2
+    sigma_min: float = 2e-3
+    sigma_max: float = 5.0
+    rho: float = 7.0
+    sample_steps: int = 3  # few Euler steps suffice for next-frame prediction (DIAMOND: 3)
+
+    def __post_init__(self) -> None:
+        if self.view not in VIEWS:
+            raise ConfigError(f"world model view {self.view!r}: choose one of {', '.join(VIEWS)}")
+        if self.condition_on_main and self.view != "wrist":
+            raise ConfigError("condition_on_main is for the wrist model only (the main model is its own source)")
+        if self.context < 1 or self.chunk_size < 1 or self.sample_steps < 1:
+            raise ConfigError("world model: context, chunk_size and sample_steps must be >= 1")
+        down = 2 ** (len(self.channels) - 1)
+        if not self.channels or self.image_size % down:
+            raise ConfigError(f"image_size={self.image_size} must be divisible by {down} "
+                              f"(2 ** (levels - 1) for channels={self.channels})")
+        if any(c % 8 for c in self.channels):
+            raise ConfigError(f"channels={self.channels}: each must be divisible by 8 (GroupNorm)")
+        if not 0 < self.sigma_min < self.sigma_max:
+            raise ConfigError("need 0 < sigma_min < sigma_max")
+
+    @property
+    def input_frames(self) -> int:
+        """Frames stacked as conditioning channels (history, plus main's for the wrist model)."""
+        return self.context + int(self.condition_on_main)
+
+
+@dataclass(frozen=True)
+class WMTrainConfig:
+    """One world-model training run (DeepSpeed). The DeepSpeed JSON file decides ZeRO stage
+    and precision; micro batch, accumulation and learning rate are filled in from here
+    unless the file sets them."""
+
+    steps: int = 2000  # optimizer updates (the seed's Cosmos target: 2000)
+    micro_batch: int = 16
+    grad_accum: int = 4  # the seed's
+    lr: float = 2e-4  # from scratch (the seed fine-tunes pretrained models at 1e-6)
+    weight_decay: float = 1e-2
+    warmup: int = 100
+    grad_clip: float = 1.0
+    save_interval: int = 1000  # explicit, as the seed's --save-interval
+    eval_interval: int = 250
+    log_interval: int = 25
+    val_batches: int = 4
+    proprio_loss_weight: float = 1.0
+    seed: int = 20261021  # the seed's cycle seed
+    ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
+    ds_config_gpu: str = "data/worldmodel/ds_gpu.json"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "micro_batch", "grad_accum", "save_interval", "eval_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"world-model training: {name}={getattr(self, name)} must be >= 1")
+        if self.lr <= 0 or self.warmup < 0 or self.val_batches < 0:
+            raise ConfigError("world-model training: lr > 0, warmup >= 0 and val_batches >= 0")
+
+
+@dataclass(frozen=True)
+class WMProfile:
+    """Both views' world models and their training (the seed's cadence: accumulation 4, an
+    explicit save interval; the wrist model's target step decides when both stop)."""
+
+    main: WorldModelConfig = field(default_factory=WorldModelConfig)
+    wrist: WorldModelConfig = field(default_factory=lambda: WorldModelConfig(view="wrist", condition_on_main=True))
+    train: WMTrainConfig = field(default_factory=WMTrainConfig)
+
+    def model(self, view: str) -> WorldModelConfig:
+        if view not in VIEWS:
+            raise ConfigError(f"view {view!r}: choose one of {', '.join(VIEWS)}")
+        return self.main if view == "main" else self.wrist
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The frozen success classifier on main-view frames (``wmrl.worldmodel.reward``)."""
+
+    channels: tuple[int, ...] = (32, 64, 128, 128)
+    steps: int = 1500
+    batch: int = 64
+    lr: float = 1e-3
+    blur_prob: float = 0.5  # "generated-style" augmentation
+    noise_std: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.channels or any(c < 1 for c in self.channels):
+            raise ConfigError(f"reward.channels={self.channels}: give one or more positive widths")
+        if self.steps < 1 or self.batch < 2 or self.lr <= 0:
+            raise ConfigError("reward: steps >= 1, batch >= 2 (half success, half not) and lr > 0")
+
+
+GRPO_ENVS = ("sim", "wm")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Group-relative policy optimisation of the flow-matching policy (``wmrl.rl.grpo``).
+
+    A step: ``groups`` start states x ``group_size`` rollouts each (flow-SDE, temperature 1),
+    reward = success-once, advantage = (reward - group mean) / (group std + eps), then a
+    PPO-clipped update of the chain log-probabilities (RLinf / Flow-GRPO). Cadence of the
+    original: a policy checkpoint and a real evaluation every ``eval_interval`` steps, the
+    full state every ``full_interval`` steps and at the last one.
+    """
+
+    env: str = "sim"  # sim: the real simulator (reward = success); wm: imagination in the model pair
+    group_size: int = 8  # rollouts that share a start state
+    groups: int = 8  # start states per step
+    max_chunks: int = 30  # 240 policy steps
+    noise_level: float = 0.5  # flow-SDE noise level of the rollouts
+    temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
+    lr: float = 5e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high] (RLinf's 0.2 / 0.28)
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # 0: no KL term (the default of RLinf's GRPO for VLAs)
+    epochs: int = 1  # passes over each step's rollouts
+    minibatches: int = 4  # optimizer steps per pass (the chunks split evenly)
+    adv_eps: float = 1e-6
+    eval_interval: int = 5  # policy weights + a real-simulator evaluation every N steps
+    full_interval: int = 10  # the full state (optimizer, RNG, position) every N steps and at the last
+    eval_trials: int = 5  # fixed initial states per task at the periodic evaluations
+    final_trials: int = TRIALS_PER_TASK  # at the last step: the full 10 x 50
+    eval_sampler: str = "sde"  # the evaluations' sampler: sde at the policy's temperature_eval, or ode
+    tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
+    seed: int = 0
+    bf16: bool = True  # autocast on GPU
+    # Imagination only: a keyframe is a real boundary frame this many chunks or fewer into its
+    # episode (0: episode starts only), never one where the goal already holds.
+    keyframe_max_chunk: int = 8
+    keyframes_per_task: int = 50
+
+    def __post_init__(self) -> None:
+        if self.env not in GRPO_ENVS:
+            raise ConfigError(f"grpo.env={self.env!r}: choose sim (the real simulator) or wm (the world models)")
+        if self.group_size < 2:
+            raise ConfigError(f"grpo.group_size={self.group_size}: a group needs >= 2 rollouts to compare (8 default)")
+        if self.groups < 1 or self.max_chunks < 1:
+            raise ConfigError("grpo: groups and max_chunks must be >= 1")
+        if self.noise_level <= 0 or self.temperature <= 0:
+            raise ConfigError("grpo: noise_level and temperature must be > 0 (the ODE has no log-probability)")
+        if not 0 < self.lr < 1 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("grpo: 0 < lr < 1, weight_decay >= 0, grad_clip >= 0 (0: off)")
+        if not 0 < self.clip_low < 1 or self.clip_high <= 0:
+            raise ConfigError(f"grpo: clip_low={self.clip_low} must be in (0, 1) and clip_high={self.clip_high} > 0")
+        if self.kl_coef < 0 or self.epochs < 1 or self.minibatches < 1 or self.adv_eps <= 0:
+            raise ConfigError("grpo: kl_coef >= 0, epochs >= 1, minibatches >= 1, adv_eps > 0")
+        if self.eval_interval < 1 or self.full_interval < 1:
+            raise ConfigError("grpo: eval_interval and full_interval must be >= 1")
+        if self.full_interval % self.eval_interval:
+            raise ConfigError(f"grpo.full_interval={self.full_interval} must be a multiple of "
+                              f"eval_interval={self.eval_interval} (a full state is also a policy checkpoint)")
+        for name in ("eval_trials", "final_trials"):
+            if not 1 <= getattr(self, name) <= TRIALS_PER_TASK:
+                raise ConfigError(f"grpo.{name}={getattr(self, name)}: use 1..{TRIALS_PER_TASK} fixed states per task")
+        if self.eval_sampler not in EVAL_SAMPLERS:
+            raise ConfigError(f"grpo.eval_sampler={self.eval_sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
+        _check_tasks(self.tasks, "grpo")
+        if self.keyframe_max_chunk < 0 or self.keyframes_per_task < 1:
+            raise ConfigError("grpo: keyframe_max_chunk >= 0 and keyframes_per_task >= 1")
+
+    @property
+    def rollouts(self) -> int:
+        return self.groups * self.group_size
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     sim: SimConfig = field(default_factory=SimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    wm: WMProfile = field(default_factory=WMProfile)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+    def __post_init__(self) -> None:
+        """Where configs meet: one chunk size, one action/proprio dimension. (Image sizes are
+        checked where data meets a model: a checkpoint or a pair against the simulator.)"""
+        chunks = {"sim": self.sim.chunk_size, "policy": self.policy.chunk_size,
+                  "wm.main": self.wm.main.chunk_size, "wm.wrist": self.wm.wrist.chunk_size}
+        if len(set(chunks.values())) > 1:
+            raise ConfigError(f"profile {self.name}: chunk sizes differ ({chunks}); they must agree")
+        for part in (self.policy, self.wm.main, self.wm.wrist):
+            if (part.action_dim, part.proprio_dim) != (ACTION_DIM, PROPRIO_DIM):
+                raise ConfigError(f"profile {self.name}: action/proprio dimensions must be {ACTION_DIM}/{PROPRIO_DIM} "
+                                  "(the simulator's)")
 
 
+_TINY_WM = dict(image_size=64, channels=(8, 16), blocks_per_level=1, cond_dim=32, proprio_hidden=32, sample_steps=2)
 _PROFILES: dict[str, Profile] = {
     "default": Profile(name="default"),
     "tiny": Profile(
@@ -257,19 +498,54 @@ _PROFILES: dict[str, Profile] = {
         sim=SimConfig(image_size=64),
         eval=EvalConfig(tasks=(0, 1), trials=2, videos=0),
         demos=DemoConfig(tasks=(0,), episodes=2, frame_interval=0),
+        collect=CollectConfig(tasks=(0,), episodes=2),
         policy=PolicyConfig(channels=(8, 16), grid=2, width=32, heads=2, encoder_layers=1, expert_layers=1,
                             mlp_ratio=2, denoise_steps=4),
         sft=SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup=2, ema=0.9, save_interval=10, full_interval=10,
                       eval_interval=10, log_interval=5, val_ratio=0.5, bf16=False),
+        wm=WMProfile(main=WorldModelConfig(**_TINY_WM),
+                     wrist=WorldModelConfig(view="wrist", condition_on_main=True, **_TINY_WM),
+                     train=WMTrainConfig(steps=6, micro_batch=4, grad_accum=2, lr=2e-3, warmup=1, save_interval=3,
+                                         eval_interval=3, log_interval=1, val_batches=1)),
+        reward=RewardConfig(channels=(8, 16), steps=20, batch=16, lr=3e-3),
+        grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, minibatches=2, eval_interval=1,
+                        full_interval=2, eval_trials=1, final_trials=1, tasks=(0,), keyframe_max_chunk=2,
+                        keyframes_per_task=4, bf16=False),
     ),
 }
+# Component names: "grpo" is the default profile's GRPO settings, "grpo_tiny" the tiny one's.
+_PARTS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "name")
+
+
+def config_names() -> list[str]:
+    """Every name ``get_config`` knows: profiles and ``<part>`` / ``<part>_<profile>``."""
+    names = list(_PROFILES)
+    for part in _PARTS:
+        names += [part] + [f"{part}_{p}" for p in _PROFILES if p != "default"]
+    return names
+
+
+def get_config(name: str) -> Any:
+    """A registered profile or one part of it (``grpo``, ``grpo_tiny``, ``wm_tiny`` ...)."""
+    if name in _PROFILES:
+        return _PROFILES[name]
+    part, _, prof = name.partition("_")
+    if part in _PARTS and (prof or "default") in _PROFILES:
+        return getattr(_PROFILES[prof or "default"], part)
+    import difflib
+
+    close = difflib.get_close_matches(name, config_names(), n=3)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise ConfigError(f"unknown config {name!r}{hint}; choose one of: {', '.join(sorted(_PROFILES))} "
+                      f"or a part of one ({', '.join(_PARTS)}, e.g. grpo_tiny)")
 
 
 def get_profile(name: str) -> Profile:
-    try:
-        return _PROFILES[name]
-    except KeyError:
-        raise ConfigError(f"unknown profile {name!r}; choose one of: {', '.join(sorted(_PROFILES))}") from None
+    """A registered profile (``default``, ``tiny``)."""
+    if name not in _PROFILES:
+        get_config(name)  # the "did you mean" message for near misses
+        raise ConfigError(f"{name!r} is a part of a profile, not a profile; choose one of: {', '.join(sorted(_PROFILES))}")
+    return _PROFILES[name]
 
 
 def profile_names() -> list[str]:

@@ -1,4 +1,4 @@
-"""Figures a person reads faster than JSON: the SFT loss curve and success per task.
+"""Figures a person reads faster than JSON: the SFT loss curve, success per task, GRPO curves.
 
 PNGs through matplotlib's Agg backend (no display needed), written atomically next to the
 JSON they summarise. matplotlib is part of the policy environment (the simulator needs it);
@@ -76,4 +76,51 @@ def success_by_task(summary: dict, out: str | os.PathLike, title: str = "") -> P
     ax.set_ylabel("success (%)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, plt, Path(out))
+
+
+def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
+                evaluations: list[tuple[int, float, int]] | None = None) -> Path | None:
+    """GRPO at a glance: rollout success and the real-simulator success per evaluated step
+    (``evaluations``: (step, success rate, trials)), clip fraction and approximate KL, time
+    per step; from ``grpo.jsonl``."""
+    from wmrl.logs import read_log
+
+    recs = [r for r in read_log(log_jsonl) if "rollout_success" in r]
+    if not recs and not evaluations:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    steps = [r["step"] for r in recs]
+    ax = axes[0]
+    if recs:
+        ax.plot(steps, [100 * r["rollout_success"] for r in recs], "-", alpha=0.6, label="rollouts (training env)")
+    if evaluations:
+        ev = sorted(evaluations)
+        ax.plot([e[0] for e in ev], [100 * e[1] for e in ev], "o-", color="tab:red", label="real simulator, fixed states")
+        for s, rate, n in ev:
+            ax.annotate(f"{100 * rate:.1f}% ({n})", (s, 100 * rate), fontsize=7, textcoords="offset points", xytext=(0, 5))
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("success (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    if recs:
+        ax.plot(steps, [r.get("clip_fraction", 0.0) for r in recs], label="clip fraction")
+        ax.plot(steps, [r.get("approx_kl", 0.0) for r in recs], label="approx. KL")
+        ax.plot(steps, [r.get("skipped_groups", 0) / max(1, r.get("groups", 1)) for r in recs], label="groups skipped")
+    ax.set_xlabel("GRPO step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    if recs:
+        ax.plot(steps, [r.get("rollout_s", 0.0) for r in recs], label="rollouts")
+        ax.plot(steps, [r.get("update_s", 0.0) for r in recs], label="update")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _save(fig, plt, Path(out))

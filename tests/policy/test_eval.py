@@ -24,7 +24,7 @@ def _obs(seed: int, task: int = 0, step: int = 0, size: int = 64) -> Observation
 def test_runner_is_batched_bounded_and_batch_independent(trained_run):
     from wmrl.policy.runner import PolicyRunner
 
-    runner = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3)
+    runner = PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", seed=3)
     a, b = _obs(1), _obs(2, step=8)
     both = runner.act([a, b])
     assert both.shape == (2, 8, 7) and both.dtype == np.float32
@@ -33,7 +33,7 @@ def test_runner_is_batched_bounded_and_batch_independent(trained_run):
     assert not np.allclose(both[0], both[1])
     s = runner.settings()
     assert (s["sampler"], s["temperature"], s["noise_level"], s["denoise_steps"]) == ("sde", 1.6, 0.5, 4)
-    ode = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", sampler="ode")
+    ode = PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", sampler="ode")
     assert ode.settings()["temperature"] is None and "ode" in ode.policy_id
     assert np.allclose(ode.act([a]), ode.act([a]))
     with pytest.raises(ConfigError, match="--image-size 64"):
@@ -52,10 +52,10 @@ def test_gripper_output_snaps_to_the_controllers_three_commands(trained_run):
     assert snapped[:, -1].tolist() == [0.0, -1.0, 0.0, 1.0]
     assert snapped[:, :-1].tolist() == raw[:, :-1].clamp(-1, 1).tolist()  # the arm is only clipped
     assert to_controller(raw, 0.0)[:, -1].tolist() == pytest.approx([0.2, -0.7, 0.49, 1.0])
-    runner = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3)
+    runner = PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", seed=3)
     acts = runner.act([_obs(s) for s in range(4)])
     assert set(np.unique(acts[..., -1])) <= {-1.0, 0.0, 1.0} and runner.settings()["gripper_deadband"] == 0.5
-    off = PolicyRunner(ck.step_dir(trained_run, 10), device="cpu", seed=3, gripper_deadband=0.0)
+    off = PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", seed=3, gripper_deadband=0.0)
     assert off.settings()["gripper_deadband"] == 0.0
     assert np.allclose(off.act([_obs(0)])[..., :-1], acts[:1, ..., :-1], atol=1e-5)  # only the gripper differs
 
@@ -68,10 +68,10 @@ def test_videos_are_mp4_or_gif_where_no_mp4_encoder_is_installed(run_copy, monke
 
     import evaluate
 
-    argv = ["--profile", "tiny", "--ckpt", "10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
+    argv = ["--profile", "tiny", "--ckpt", "sft/10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
             "--max-steps", "24", "--workers", "1", "--no-progress", "--videos", "1"]
     assert evaluate.main(*evaluate.build(argv)) == 0
-    videos = run_copy / "eval" / "global_step_10" / "videos"
+    videos = run_copy / "eval" / "sft" / "global_step_10" / "videos"
     assert [p.suffix for p in videos.iterdir()] == [".mp4"]
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
     assert evaluate.main(*evaluate.build([*argv, "--overwrite"])) == 0
@@ -84,12 +84,12 @@ def test_videos_are_mp4_or_gif_where_no_mp4_encoder_is_installed(run_copy, monke
 def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys):
     import evaluate
 
-    argv = ["--profile", "tiny", "--ckpt", "10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
+    argv = ["--profile", "tiny", "--ckpt", "sft/10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
             "--max-steps", "16", "--workers", "1", "--no-progress"]
     args, prof = evaluate.build(argv)
     assert prof.sim.image_size == 64 and args.policy == "checkpoint"
     assert evaluate.main(args, prof) == 0
-    ev = ck.evidence_path(run_copy, 10)
+    ev = ck.evidence_path(run_copy, 10, "sft")
     data = json.loads(ev.read_text())
     assert [(e["task"], e["trial"], e["steps"]) for e in data["episodes"]] == [(0, 0, 16)]
     s = data["settings"]
@@ -98,9 +98,9 @@ def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys
     assert s["sim"]["max_steps"] == 16 and data["checkpoint"]["kind"] == "full"
     latest = json.loads((run_copy / "latest_policy.json").read_text())
     assert latest["step"] == 10 and latest["evaluation"]["trials"] == 1
-    assert latest["evaluation"]["evidence"] == "evidence/evaluations/global_step_10.json"
+    assert latest["evaluation"]["evidence"] == "evidence/evaluations/sft/global_step_10.json"
     assert "evidence:" in capsys.readouterr().out
-    assert (run_copy / "eval" / "global_step_10" / "success_by_task.png").stat().st_size > 0
+    assert (run_copy / "eval" / "sft" / "global_step_10" / "success_by_task.png").stat().st_size > 0
     # a second evaluation of the same checkpoint is refused without --overwrite; nothing changes
     before = ev.read_bytes()
     with pytest.raises(FileExistsError, match="--overwrite"):
@@ -112,12 +112,12 @@ def test_missing_checkpoint_lists_the_existing_ones(trained_run, root):
     import evaluate
 
     with pytest.raises(ck.CheckpointError, match=r"global_step_7; available in .*: 5 \(full\), 10 \(full\)"):
-        evaluate.build(["--profile", "tiny", "--ckpt", "7", "--run", str(trained_run)])
-    res = subprocess.run([".venv/train/bin/python", "python/evaluate.py", "--ckpt", "7", "--run", str(trained_run)],
+        evaluate.build(["--profile", "tiny", "--ckpt", "sft/7", "--run", str(trained_run)])
+    res = subprocess.run([".venv/train/bin/python", "python/evaluate.py", "--ckpt", "sft/7", "--run", str(trained_run)],
                          cwd=root, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "error: no policy checkpoint global_step_7" in res.stderr
     assert "5 (full), 10 (full)" in res.stderr
-    assert not ck.evidence_path(trained_run, 7).exists()
+    assert not ck.evidence_path(trained_run, 7, "sft").exists()
 
 
 def test_make_eval_passes_ckpt_and_run(root):

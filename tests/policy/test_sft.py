@@ -65,14 +65,14 @@ def test_resume_gives_identical_parameters(tmp_path, demo_dir):
     train.main(tiny_job(straight, demo_dir, steps=4, save_interval=2, full_interval=2, eval_interval=2))
     out = train.main(tiny_job(split, demo_dir, steps=4, save_interval=4, full_interval=4, eval_interval=2,
                               stop_after=2))
-    assert out["step"] == 2 and ck.list_checkpoints(split)[-1].full
+    assert out["step"] == 2 and ck.list_checkpoints(split, "sft")[-1].full
     out = train.main(tiny_job(split, demo_dir, steps=4, save_interval=4, full_interval=4, eval_interval=2))
     assert out["trained_steps"] == 2
-    a = load_file(str(ck.step_dir(straight, 4) / ck.MODEL_FILE))
-    b = load_file(str(ck.step_dir(split, 4) / ck.MODEL_FILE))
+    a = load_file(str(ck.step_dir(straight, 4, "sft") / ck.MODEL_FILE))
+    b = load_file(str(ck.step_dir(split, 4, "sft") / ck.MODEL_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # EMA weights
-    sa = torch.load(ck.step_dir(straight, 4) / ck.STATE_FILE, weights_only=True)
-    sb = torch.load(ck.step_dir(split, 4) / ck.STATE_FILE, weights_only=True)
+    sa = torch.load(ck.step_dir(straight, 4, "sft") / ck.STATE_FILE, weights_only=True)
+    sb = torch.load(ck.step_dir(split, 4, "sft") / ck.STATE_FILE, weights_only=True)
     assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])  # raw weights
     assert sa["sampler"] == sb["sampler"] and torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
     exp_a = [s["exp_avg"] for s in sa["optimizer"]["state"].values()]
@@ -87,9 +87,9 @@ def test_resume_gives_identical_parameters(tmp_path, demo_dir):
 
 
 def test_checkpoint_layout_and_latest_policy(trained_run):
-    cks = ck.list_checkpoints(trained_run)
+    cks = ck.list_checkpoints(trained_run, "sft")
     assert [(c.step, c.full) for c in cks] == [(5, True), (10, True)]
-    d = ck.step_dir(trained_run, 10)
+    d = ck.step_dir(trained_run, 10, "sft")
     names = {p.name for p in d.iterdir()}
     assert names == {"model.safetensors", "config.json", "norm_stats.json", "language_cache.safetensors", "train_state.pt"}
     meta = json.loads((d / "config.json").read_text())
@@ -101,14 +101,14 @@ def test_checkpoint_layout_and_latest_policy(trained_run):
     assert norm["actions"]["center"][-1] == 0.0 and norm["actions"]["scale"][-1] == 1.0  # gripper untouched
     latest = json.loads((trained_run / "latest_policy.json").read_text())
     assert latest["step"] == 10 and latest["latest_full"]["step"] == 10 and latest["resume_command"] == "test"
-    assert not list(ck.policy_dir(trained_run).glob(".*"))  # no temporary folders left
+    assert not list(ck.policy_dir(trained_run, "sft").glob(".*"))  # no temporary folders left
     loaded = ck.load_checkpoint(d, verify_hashes=True)
     assert loaded.build_model().num_parameters == meta["parameters"]
     assert (trained_run / "logs" / "sft_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the loss curve
 
 
 def test_weights_only_checkpoint_is_refused_for_resume(run_copy, demo_dir):
-    for c in ck.list_checkpoints(run_copy):
+    for c in ck.list_checkpoints(run_copy, "sft"):
         (c.path / ck.STATE_FILE).unlink()
     before = snapshot(run_copy)
     with pytest.raises(ck.CheckpointError, match="weights-only"):
@@ -117,23 +117,23 @@ def test_weights_only_checkpoint_is_refused_for_resume(run_copy, demo_dir):
         train.main(tiny_job(run_copy, demo_dir, steps=20, resume="10"))
     assert snapshot(run_copy) == before
     # ... but it initialises a new run
-    out = train.main(tiny_job(run_copy.parent / "new", demo_dir, steps=2, init=str(ck.step_dir(run_copy, 10))))
+    out = train.main(tiny_job(run_copy.parent / "new", demo_dir, steps=2, init=str(ck.step_dir(run_copy, 10, "sft"))))
     assert out["trained_steps"] == 2
 
 
 def test_resume_uses_newest_full_checkpoint(run_copy, demo_dir):
-    (ck.step_dir(run_copy, 10) / ck.STATE_FILE).unlink()  # newest is weights-only now
+    (ck.step_dir(run_copy, 10, "sft") / ck.STATE_FILE).unlink()  # newest is weights-only now
     assert train.find_resume(tiny_job(run_copy, demo_dir, steps=20)).step == 5
 
 
 def test_corrupt_weights_are_refused_and_nothing_is_written(run_copy, demo_dir):
-    f = ck.step_dir(run_copy, 10) / ck.MODEL_FILE
+    f = ck.step_dir(run_copy, 10, "sft") / ck.MODEL_FILE
     f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
     before = snapshot(run_copy)
     with pytest.raises(ck.CheckpointError, match="corrupt or truncated"):
         train.main(tiny_job(run_copy, demo_dir, steps=20))
     with pytest.raises(ck.CheckpointError, match="corrupt or truncated"):
-        ck.load_checkpoint(ck.step_dir(run_copy, 10))
+        ck.load_checkpoint(ck.step_dir(run_copy, 10, "sft"))
     assert snapshot(run_copy) == before
 
 
@@ -145,7 +145,7 @@ def test_checkpoint_of_another_config_is_refused(run_copy, demo_dir):
     with pytest.raises(ck.CheckpointError, match="another policy configuration: width=32"):
         train.main(tiny_job(run_copy, demo_dir, steps=20, policy=wider))
     # a config.json that does not match its weights: the shapes tell
-    cfg = ck.step_dir(run_copy, 5) / ck.CONFIG_FILE
+    cfg = ck.step_dir(run_copy, 5, "sft") / ck.CONFIG_FILE
     meta = json.loads(cfg.read_text())
     meta["policy"]["width"] = 64
     cfg.write_text(json.dumps(meta))
@@ -155,7 +155,7 @@ def test_checkpoint_of_another_config_is_refused(run_copy, demo_dir):
 
 
 def test_mismatched_norm_stats_are_refused(run_copy, demo_dir):
-    f = ck.step_dir(run_copy, 10) / ck.NORM_FILE
+    f = ck.step_dir(run_copy, 10, "sft") / ck.NORM_FILE
     stats = json.loads(f.read_text())
     stats["actions"]["center"] = stats["actions"]["center"][:6]
     f.write_text(json.dumps(stats))

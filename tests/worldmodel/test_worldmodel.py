@@ -14,12 +14,12 @@ torch = pytest.importorskip("torch")
 
 from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
 from wmrl.data.trajectory import TrajectoryError  # noqa: E402
-from wmrl.worldmodel.config import get_wm_profile  # noqa: E402
+from wmrl.config import get_profile  # noqa: E402
 from wmrl.worldmodel.data import MixedSampler, Transitions, boundary_frames, proprio_stats, read_episode  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = get_wm_profile("tiny")
+TINY = get_profile("tiny").wm
 
 
 def _episodes(path, source):
@@ -302,11 +302,11 @@ def test_gpu_groups_and_launch_commands():
     for bad in ((1, None, None), (8, "0,1", None), (2, "0", "5"), (2, "a", "1")):
         with pytest.raises(ConfigError):
             gpu_groups(*bad)
-    cpu = ViewLaunch("wrist", [], 29601, ["--run", "r"]).command()
+    cpu = ViewLaunch("wrist", [], 29601, ["--run", "r"], "wm_update.py").command()
     assert cpu[-2:] == ["--device", "cpu"] and "--view" in cpu and "deepspeed.launcher.runner" not in cpu
-    gpu = ViewLaunch("main", [4, 5], 29600).command()
+    gpu = ViewLaunch("main", [4, 5], 29600, script="wm_update.py").command()
     assert gpu[gpu.index("--include") + 1] == "localhost:4,5" and gpu[-2:] == ["--device", "cuda"]
-    hosts = ViewLaunch("main", [0], 29600).command(hostfile="hosts.txt")
+    hosts = ViewLaunch("main", [0], 29600, script="wm_update.py").command(hostfile="hosts.txt")
     assert hosts[hosts.index("--hostfile") + 1] == "hosts.txt" and "--include" not in hosts
     assert ViewLaunch("wrist", [], 29601).env()["DS_ACCELERATOR"] == "cpu"
 

@@ -96,7 +96,7 @@ class AlohaSim:
     """One end-effector ALOHA scene, stepped directly (no per-step 640x480 renders)."""
 
     def __init__(self, task: str, image_size: int):
-        from wmrl.sim.render import configure_renderer
+        from wmrl.gl import configure_renderer
 
         configure_renderer("auto")
         from dm_control import mujoco

@@ -42,7 +42,7 @@ def plan(cfg: EvalConfig) -> list[EpisodeSpec]:
 
 def settings_of(policy_id: str, sim: SimConfig, cfg: EvalConfig, extra: dict[str, Any] | None = None) -> dict:
     from wmrl.sim.env import simulator_versions
-    from wmrl.sim.render import choose_backend
+    from wmrl.gl import choose_backend
 
     return {
         "policy_id": policy_id,
@@ -104,16 +104,20 @@ def format_table(summary: dict, instructions: dict[int, str] | None = None) -> s
 class EvalOutput:
     results_path: Path
     summary: dict
+    results: dict  # what results_path holds: every episode, the summary, all settings
 
 
 def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathLike,
              policy_id: str | None = None, overwrite: bool = False, progress: bool = True,
-             extra_settings: dict[str, Any] | None = None) -> EvalOutput:
-    """Evaluate ``policy``: a step-policy name (``"expert"``, ``"random"``) or a chunk policy
-    object with ``act(list[Observation])``. Resumes from ``out_dir/episodes.jsonl``."""
+             extra_settings: dict[str, Any] | None = None, pool: SimulatorPool | None = None) -> EvalOutput:
+    """Evaluate ``policy``: a step-policy name (``"expert"``, ``"random"``) or any ``ChunkPolicy``
+    (an object with ``act(list[Observation]) -> (B, chunk, 7)`` and optionally ``policy_id``):
+    a checkpoint's ``PolicyRunner``, GRPO's policy in training, anything else. Its chunk must
+    be the simulator's. Resumes from ``out_dir/episodes.jsonl``. ``pool``: run on these
+    simulator workers (a caller that keeps a pool, like GRPO) instead of starting new ones."""
     from tqdm import tqdm
 
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     configure_renderer(sim.renderer)  # a missing GL library fails here, before any work
     out_dir = Path(out_dir)
@@ -138,18 +142,28 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
         bar = tqdm(total=len(todo), desc=f"eval {policy_id}", unit="ep", disable=not progress,
                    initial=0, postfix={"success": "-"})
         wins = sum(r["success"] for r in done.values())
-        with SimulatorPool(sim, workers, step_policy=step_policy, policy_id=policy_id, record=record_videos) as pool, \
-                open(log, "a") as f:
-            for result in pool.run(FixedEpisodes(todo), None if step_policy else policy):
-                rec = _episode_record(result, fingerprint)
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                done[(rec["task"], rec["trial"])] = rec
-                wins += rec["success"]
-                bar.set_postfix(success=f"{wins}/{len(done)}")
-                bar.update(1)
-                if record_videos and result.spec.tag < cfg.videos:
-                    write_video(result, out_dir / "videos")
+        if pool is not None and pool.cfg != sim:
+            raise EvaluationError("the simulator pool given runs other settings than this evaluation")
+        own = pool is None
+        if own:
+            pool = SimulatorPool(sim, workers, step_policy=step_policy, policy_id=policy_id, record=record_videos)
+        else:
+            workers = pool.num_workers
+        try:
+            with open(log, "a") as f:
+                for result in pool.run(FixedEpisodes(todo), None if step_policy else policy):
+                    rec = _episode_record(result, fingerprint)
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    done[(rec["task"], rec["trial"])] = rec
+                    wins += rec["success"]
+                    bar.set_postfix(success=f"{wins}/{len(done)}")
+                    bar.update(1)
+                    if record_videos and result.spec.tag < cfg.videos:
+                        write_video(result, out_dir / "videos")
+        finally:
+            if own:
+                pool.close()
         bar.close()
     wall = time.perf_counter() - t0
 
@@ -162,7 +176,7 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     from wmrl.plots import success_by_task
 
     success_by_task(summary, out_dir / "success_by_task.png", title=policy_id)
-    return EvalOutput(path, summary)
+    return EvalOutput(path, summary, results)
 
 
 def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:

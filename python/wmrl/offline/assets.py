@@ -84,7 +84,7 @@ def scan(tasks: list[int]) -> dict:
     from importlib.metadata import packages_distributions, version
 
     baseline = set(sys.modules)
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     # Nothing is rendered, but robosuite picks its GL context class at import (egl unless told).
     renderer = configure_renderer()

@@ -22,7 +22,7 @@ NUM_TASKS = 10
 def one_task(task: int, image_size: int, renderer: str) -> dict:
     """Build task ``task`` the way the kit does, reset, step one chunk, render both cameras."""
     t0 = time.time()
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     backend = configure_renderer(renderer)
     import numpy as np

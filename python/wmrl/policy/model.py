@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmrl.config import PolicyConfig
+from wmrl.pretrained import Pretrained
 
 
 def _groups(c: int) -> int:
@@ -138,7 +139,14 @@ def images_to_input(images: torch.Tensor) -> torch.Tensor:
     return images.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
-class FlowPolicy(nn.Module):
+class FlowPolicy(Pretrained, nn.Module):
+    """``save_pretrained`` / ``from_pretrained`` come from ``wmrl.pretrained``; a policy
+    checkpoint (``wmrl.policy.checkpoint``) adds its statistics and language cache."""
+
+    FORMAT = "wmrl-policy-checkpoint/1"
+    CONFIG_CLASS = PolicyConfig
+    CONFIG_KEY = "policy"
+
     def __init__(self, cfg: PolicyConfig):
         super().__init__()
         self.cfg = cfg

@@ -23,18 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from wmrl.config import ConfigError, override
+from wmrl.device import pick_device
 from wmrl.fileio import sha256_file
 from wmrl.policy.checkpoint import MODEL_FILE, load_checkpoint
-
-
-def pick_device(device: str = "auto"):
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r}: no CUDA device is visible; use cpu or auto")
-    return torch.device(device)
 
 
 def to_controller(actions, gripper_deadband: float):
@@ -49,26 +40,43 @@ def to_controller(actions, gripper_deadband: float):
 
 
 class PolicyRunner:
+    """A policy as a chunk policy: from a checkpoint folder (``PolicyRunner(path)``) or from a
+    model in memory (``PolicyRunner.from_model``, GRPO's evaluations of the policy it trains)."""
+
     def __init__(self, checkpoint: str | os.PathLike, *, device: str = "auto", sampler: str | None = None,
                  temperature: float | None = None, noise_level: float | None = None,
                  denoise_steps: int | None = None, gripper_deadband: float | None = None, seed: int = 0):
         loaded = load_checkpoint(checkpoint)
-        self.path = Path(checkpoint)
-        self.step = loaded.step
-        self.image_size = loaded.image_size
-        self.cfg = override(loaded.cfg, eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
-                            denoise_steps=denoise_steps, gripper_deadband=gripper_deadband)
+        self._setup(loaded.build_model(), loaded.norm, loaded.lang, loaded.cfg, step=loaded.step,
+                    image_size=loaded.image_size, path=Path(checkpoint), device=device, seed=seed,
+                    model_sha256=sha256_file(Path(checkpoint) / MODEL_FILE),
+                    overrides=dict(eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
+                                   denoise_steps=denoise_steps, gripper_deadband=gripper_deadband))
+
+    @classmethod
+    def from_model(cls, model, norm, lang, *, step: int, image_size: int, path: str | os.PathLike | None = None,
+                   device: str = "auto", seed: int = 0, model_sha256: str | None = None, **overrides) -> "PolicyRunner":
+        """Wrap a ``FlowPolicy`` in memory (its weights are used as they are, not copied)."""
+        self = cls.__new__(cls)
+        self._setup(model, norm, lang, model.cfg, step=step, image_size=image_size,
+                    path=Path(path) if path else None, device=device, seed=seed, model_sha256=model_sha256,
+                    overrides=overrides)
+        return self
+
+    def _setup(self, model, norm, lang, cfg, *, step, image_size, path, device, seed, model_sha256, overrides) -> None:
+        self.path, self.step, self.image_size = path, step, image_size
+        self.cfg = override(cfg, **overrides)
         self.device = pick_device(device)
         if self.device.type == "cuda":
             import torch
 
             # The simulator workers own the CPU cores; the parent's CPU work here is tiny.
             torch.set_num_threads(1)
-        self.model = loaded.build_model(self.device).eval()
-        self.norm = loaded.norm.tensors(self.device)
-        self.lang = loaded.lang
+        self.model = model.to(self.device).eval()
+        self.norm = norm.tensors(self.device)
+        self.lang = lang
         self.seed = int(seed)
-        self.model_sha256 = sha256_file(self.path / MODEL_FILE)
+        self.model_sha256 = model_sha256
         c = self.cfg
         temp = f"-T{c.temperature_eval:g}" if c.eval_sampler == "sde" else ""
         self.policy_id = f"flow-policy@step{self.step}-{c.eval_sampler}-K{c.denoise_steps}{temp}"
@@ -77,7 +85,8 @@ class PolicyRunner:
         """Everything that changes the actions: recorded with every evaluation result."""
         c = self.cfg
         return {
-            "checkpoint": {"step": self.step, "path": str(self.path), "model_sha256": self.model_sha256},
+            "checkpoint": {"step": self.step, "path": str(self.path) if self.path else None,
+                           "model_sha256": self.model_sha256},
             "sampler": c.eval_sampler,
             "denoise_steps": c.denoise_steps,
             "noise_level": c.noise_level if c.eval_sampler == "sde" else 0.0,

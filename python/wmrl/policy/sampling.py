@@ -79,6 +79,7 @@ class SDESample:
     chain: torch.Tensor  # (B, K + 1, chunk, A): x_0 (noise) .. x_K (actions)
     log_prob: torch.Tensor  # (B,) sum over the K transitions and all chunk x A dims
     step_log_probs: torch.Tensor  # (B, K)
+    element_log_probs: torch.Tensor  # (B, K, chunk, A): every transition's log-density per action element
 
 
 def _initial(shape, noise, device, dtype):
@@ -119,21 +120,23 @@ def sde_sample(model, prefix: torch.Tensor, k: int, noise_level: float, *, tempe
         mean, std = sde_step_stats(x, v, ts[i], sig[i], delta, temperature)
         x = mean + std * eps[:, i]
         if float(std) > 0:
-            logps.append(gaussian_log_prob(x, mean, std.expand_as(x)).sum(dim=(1, 2)))
+            logps.append(gaussian_log_prob(x, mean, std.expand_as(x)))
         else:
-            logps.append(torch.zeros(b, device=dev))
+            logps.append(torch.zeros_like(x))
         chain.append(x)
-    step = torch.stack(logps, dim=1)
-    return SDESample(x, torch.stack(chain, dim=1), step.sum(1), step)
+    elem = torch.stack(logps, dim=1)
+    step = elem.sum(dim=(2, 3))
+    return SDESample(x, torch.stack(chain, dim=1), step.sum(1), step, elem)
 
 
 def chain_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, noise_level: float, *,
                    temperature: float = 1.0, dims_mask: torch.Tensor | None = None,
-                   return_steps: bool = False):
+                   return_steps: bool = False, elementwise: bool = False):
     """Log-probability of stored chains (B, K+1, chunk, A) under the current parameters:
     differentiable w.r.t. the model (the PPO ratio's numerator). All K transitions are
     evaluated in one batched pass. ``dims_mask`` (B, chunk, A), if given, restricts the sum
-    (e.g. to the actions actually executed)."""
+    (e.g. to the actions actually executed). ``elementwise``: the unsummed (B, K, chunk, A)
+    log-densities instead (GRPO's per-element ratios)."""
     b, k1 = chain.shape[:2]
     k = k1 - 1
     if noise_level * temperature <= 0:
@@ -149,6 +152,8 @@ def chain_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, noise_level
     s = sig.repeat(b)[:, None, None]
     mean, std = sde_step_stats(x, v, tt, s, 1.0 / k, temperature)
     lp = gaussian_log_prob(y, mean, std.expand_as(y))
+    if elementwise:
+        return lp.view(b, k, *chain.shape[2:])
     if dims_mask is not None:
         lp = lp * dims_mask.repeat_interleave(k, dim=0).to(lp.dtype)
     step = lp.sum(dim=(1, 2)).view(b, k)

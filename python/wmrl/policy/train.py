@@ -2,11 +2,11 @@
 
 One code path for CPU, one GPU and several (``torchrun``: DDP, the global batch split over
 ranks, rank 0 writes). Rerunning the same command continues from the newest *full*
-checkpoint in ``RUN/weights/policy``: weights, optimizer, schedule, RNG states, sampler
+checkpoint in ``RUN/weights/sft``: weights, optimizer, schedule, RNG states, sampler
 position and EMA all come back, so on one device an interrupted run ends with the same
 parameters as an uninterrupted one.
 
-Writes ``RUN/weights/policy/global_step_N/`` (``checkpoint``), ``RUN/latest_policy.json``,
+Writes ``RUN/weights/sft/global_step_N/`` (``checkpoint``; GRPO's steps live in ``weights/policy``), ``RUN/latest_policy.json``,
 ``RUN/logs/sft.jsonl`` (one JSON record per log/validation event) and TensorBoard events in
 ``RUN/logs/tensorboard/sft``.
 """
@@ -27,9 +27,12 @@ import numpy as np
 
 from wmrl import rng
 from wmrl.config import ConfigError, PolicyConfig, SFTConfig
+from wmrl.device import pick_device
+from wmrl.layout import RunLayout
+from wmrl.logs import MetricsLog
 from wmrl.policy import checkpoint as ck
 
-LOG_FILE = "sft.jsonl"
+KIND = "sft"  # RUN/weights/sft/global_step_N: supervised checkpoints keep their own numbering
 VAL_MAX_SAMPLES = 4096
 
 
@@ -54,26 +57,26 @@ class SFTJob:
 # ----------------------------------------------------------------------------------- plan
 def find_resume(job: SFTJob) -> ck.CheckpointInfo | None:
     """The checkpoint this job continues from, or None for a fresh start (cheap: no loading)."""
-    cks = ck.list_checkpoints(job.run)
+    cks = ck.list_checkpoints(job.run, KIND)
     if job.resume == "auto":
         full = [c for c in cks if c.full]
         if full:
             return full[-1]
         if cks:
             raise ck.CheckpointError(
-                f"{ck.policy_dir(job.run)} holds only weights-only checkpoints ({', '.join(str(c.step) for c in cks)}); "
+                f"{ck.policy_dir(job.run, KIND)} holds only weights-only checkpoints ({', '.join(str(c.step) for c in cks)}); "
                 "they cannot be resumed (no train_state.pt). Start a new RUN, with --init <checkpoint folder> to "
                 "begin from those weights")
         return None
     if job.resume in ("no", "none", "fresh"):
         if cks:
-            raise ck.CheckpointError(f"{ck.policy_dir(job.run)} already holds checkpoints; choose another RUN to start afresh")
+            raise ck.CheckpointError(f"{ck.policy_dir(job.run, KIND)} already holds checkpoints; choose another RUN to start afresh")
         return None
     try:
         step = int(job.resume)
     except ValueError:
         raise ConfigError(f"--resume {job.resume!r}: use 'auto' or a step number") from None
-    info = ck.resolve(job.run, step)
+    info = ck.resolve(job.run, step, KIND)
     if not info.full:
         ck.load_checkpoint(info.path, need_full=True)  # raises the weights-only message
     return info
@@ -108,23 +111,6 @@ def _param_groups(model, weight_decay: float):
     for name, p in model.named_parameters():
         (decay if p.ndim >= 2 and not name.endswith("pos") and "type_emb" not in name else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """On resume: drop log records past the step the run continues from."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except ValueError:
-            continue
-    from wmrl.fileio import atomic_path
-
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(l + "\n" for l in keep))  # noqa: E741
 
 
 def _make_objective(model):
@@ -186,10 +172,8 @@ def main(job: SFTJob) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = job.device == "cuda" or (job.device == "auto" and torch.cuda.is_available())
-    if job.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    device = pick_device(job.device, local_rank)
+    use_cuda = device.type == "cuda"
     if world > 1:
         import torch.distributed as dist
 
@@ -297,30 +281,10 @@ def main(job: SFTJob) -> dict:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda and sc.bf16)
 
     # 4. logs
-    log_dir = run / "logs"
-    log_path = log_dir / LOG_FILE
-    writer = None
-    if is_main:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        _truncate_log(log_path, start)
-        if job.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                writer = SummaryWriter(str(log_dir / "tensorboard" / "sft"), purge_step=start + 1)
-            except ImportError as e:
-                say(f"[sft] note: TensorBoard unavailable ({e}); logging to {log_path} only")
-    log_file = open(log_path, "a") if is_main else None
-
-    def log(rec: dict) -> None:
-        if log_file is None:
-            return
-        log_file.write(json.dumps(rec) + "\n")
-        log_file.flush()
-        if writer is not None:
-            for k, v in rec.items():
-                if k not in ("step", "time") and isinstance(v, (int, float)):
-                    writer.add_scalar(f"sft/{k}", v, rec["step"])
+    layout = RunLayout(run)
+    metrics = MetricsLog(layout.log("sft"), tag="sft", tensorboard=layout.tensorboard("sft") if job.tensorboard else None,
+                         start_step=start, enabled=is_main, say=say)
+    log = metrics.write
 
     def validate() -> float | None:
         if data.val.size == 0:
@@ -344,7 +308,6 @@ def main(job: SFTJob) -> dict:
         return total / max(1, count)
 
     def save(step: int, full: bool, last_losses: dict) -> Path:
-        weights = (ema_model if ema_model is not None else model).state_dict()
         state = None
         if full:
             state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -354,8 +317,9 @@ def main(job: SFTJob) -> dict:
         extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": data_meta,
                  "losses": last_losses, "norm_from": str(source.path) if source is not None else "training episodes",
                  "command": job.command, **job.extra}
-        path = ck.save_checkpoint(run, step, weights=weights, cfg=cfg, image_size=data.image_size, norm=norm,
-                                  lang=lang, train_state=state, extra=extra)
+        path = ck.save_checkpoint(ck.step_dir(run, step, KIND), ema_model if ema_model is not None else model,
+                                  step=step, image_size=data.image_size, norm=norm, lang=lang, train_state=state,
+                                  extra=extra)
         ck.update_latest(run, resume_command=job.command)
         return path
 
@@ -414,10 +378,7 @@ def main(job: SFTJob) -> dict:
             bar.update(1)
     finally:
         bar.close()
-        if log_file is not None:
-            log_file.close()
-        if writer is not None:
-            writer.close()
+        metrics.close()
         if world > 1:
             import torch.distributed as dist
 
@@ -428,10 +389,10 @@ def main(job: SFTJob) -> dict:
         + (f", val {last['val_loss']:.4f}" if last["val_loss"] is not None else ""))
     if saved:
         say(f"[sft] newest checkpoint: {saved[-1]}")
-    if is_main and log_path.exists():
+    if is_main and metrics.path.exists():
         from wmrl.plots import loss_curve
 
-        if (png := loss_curve(log_path, log_dir / "sft_loss.png")) is not None:
+        if (png := loss_curve(metrics.path, layout.logs / "sft_loss.png")) is not None:
             say(f"[sft] loss curve: {png}")
     return {"step": stop, "trained_steps": trained, "checkpoints": saved, "samples_per_s": sps, **last,
             "parameters": nparams}
@@ -442,8 +403,8 @@ def _init_path(init: str, run: Path) -> Path:
     if p.is_dir():
         return p
     if init.isdigit():
-        return ck.resolve(run, int(init)).path
-    raise ck.CheckpointError(f"--init {init}: no such checkpoint folder (give RUN/weights/policy/global_step_N)")
+        return ck.resolve(run, int(init), KIND).path
+    raise ck.CheckpointError(f"--init {init}: no such checkpoint folder (give RUN/weights/sft/global_step_N)")
 
 
 def default_command(argv: list[str] | None = None) -> str:

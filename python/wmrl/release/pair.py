@@ -1,13 +1,19 @@
-"""``model_pair/``: the two world models, the frozen reward model and the initial-observation
-resources that GRPO imagines with, as one verified unit (the seed's ``pair.json``).
+"""``model_pair/``: the two world models, the frozen reward model and the keyframes that GRPO
+imagines from, as one verified unit (the seed's ``pair.json``).
 
     model_pair/
-      pair.json                 names, SHA-256 and size of every file, steps, configs, lineage
+      pair.json                 contract, names, SHA-256 and size of every file, steps, lineage
       main/  model.safetensors config.json      (main-view world model)
       wrist/ model.safetensors config.json      (wrist-view world model)
       reward/ model.safetensors config.json     (success classifier, calibrated threshold)
-      init_observations.safetensors             real keyframes: main, wrist, proprio, task
-      init_observations.json                    their episodes and instructions
+      init_observations.safetensors             keyframes: both views' frame history, proprio, task
+      init_observations.json                    their episodes, chunk indices, source file hashes
+
+A *keyframe* is a chunk boundary of a real training trajectory (never one started from a
+fixed evaluation state, never one where the goal already holds) with the ``context`` frames
+of both views that lead to it: imagined rollouts start there (keyframe-initialised rollouts,
+as in RLinf's world-model environments). The contract (image size, chunk size, action and
+proprio dimensions, views) lets GRPO refuse a pair of another kind before any weight loads.
 
 Files are copied, not linked, so a pair can be moved or shipped on its own. ``load_pair``
 verifies every hash before anything is used; ``--model-pair DIR`` on GRPO switches both world
@@ -22,16 +28,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from wmrl.config import ConfigError
+from wmrl.config import ACTION_DIM, PROPRIO_DIM, VIEWS, ConfigError
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
+from wmrl.layout import RunLayout
 
 FORMAT = "wmrl-model-pair/1"
 PARTS = ("main", "wrist", "reward")
 INIT_FILE = "init_observations.safetensors"
+INIT_INDEX = "init_observations.json"
 
 
 class PairError(ConfigError):
-    """A model pair is missing, incomplete or does not match its hashes."""
+    """A model pair is missing, incomplete, of another kind or does not match its hashes."""
 
 
 def _file_entry(path: Path, root: Path) -> dict:
@@ -48,62 +56,105 @@ def _copy(src_dir: Path, dst_dir: Path) -> None:
             shutil.copyfile(src, tmp)
 
 
-def _init_observations(manifest: Path, out: Path, per_task: int = 50) -> dict:
-    """First frames of the manifest's training episodes (up to ``per_task`` per task)."""
+def select_keyframes(episodes, *, max_chunk: int, per_task: int, seed: int) -> list[tuple[object, int]]:
+    """(episode, boundary index) pairs: boundaries 0..max_chunk where the goal does not hold yet
+    (and a chunk of actions follows), up to ``per_task`` per task drawn with ``seed``; every
+    episode's first boundary is taken before any later one. Episodes started from a fixed
+    evaluation state are refused: those states are for evaluation only."""
+    import numpy as np
+
+    bad = [e.key for e in episodes if e.init_mode == "eval"]
+    if bad:
+        raise PairError(f"{bad[0]} started from a fixed evaluation state (init_mode=eval): evaluation states never "
+                        "train or start GRPO; rebuild the manifest from demonstrations and `make collect` data")
+    rng = np.random.default_rng(seed)
+    by_task: dict[int, list] = {}
+    for e in episodes:
+        ks = [k for k in range(min(max_chunk, len(e.actions) - 1) + 1) if not e.success[k]]
+        by_task.setdefault(e.task, []).extend((e, k) for k in ks)
+    chosen = []
+    for task in sorted(by_task):
+        cands = by_task[task]
+        order = rng.permutation(len(cands))
+        firsts = [i for i in order if cands[i][1] == 0]
+        rest = [i for i in order if cands[i][1] != 0]
+        chosen += [cands[i] for i in (firsts + rest)[:per_task]]
+    return chosen
+
+
+def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
+               seed: int) -> dict:
+    """Keyframes of the manifest's training episodes -> INIT_FILE (frames, proprio, task) and INIT_INDEX."""
     import numpy as np
     import torch
     from safetensors.torch import save_file
 
     from wmrl.worldmodel.data import load_split
 
-    _, train, _ = load_split(manifest, chunk=8, verify=False)  # verified by the caller's manifest check
-    chosen, count = [], {}
-    for e in train:
-        if count.get(e.task, 0) < per_task:
-            chosen.append(e)
-            count[e.task] = count.get(e.task, 0) + 1
+    _, train, _ = load_split(manifest, chunk=chunk, verify=False)  # verified by the caller's manifest check
+    chosen = select_keyframes(train, max_chunk=max_chunk, per_task=per_task, seed=seed)
     if not chosen:
-        raise PairError(f"{manifest} has no training episodes to take initial observations from")
-    tensors = {"main": torch.from_numpy(np.stack([e.main[0] for e in chosen])),
-               "wrist": torch.from_numpy(np.stack([e.wrist[0] for e in chosen])),
-               "proprio": torch.from_numpy(np.stack([e.proprio[0] for e in chosen])),
-               "task": torch.tensor([e.task for e in chosen], dtype=torch.int64)}
+        raise PairError(f"{manifest} has no training episodes with a keyframe to start from")
+
+    def history(frames: np.ndarray, k: int) -> np.ndarray:  # context frames ending at k, the first repeated
+        return np.stack([frames[max(0, k - j)] for j in range(context - 1, -1, -1)])
+
+    tensors = {"main": torch.from_numpy(np.stack([history(e.main, k) for e, k in chosen])),
+               "wrist": torch.from_numpy(np.stack([history(e.wrist, k) for e, k in chosen])),
+               "proprio": torch.from_numpy(np.stack([e.proprio[k] for e, k in chosen])),
+               "task": torch.tensor([e.task for e, _ in chosen], dtype=torch.int64),
+               "chunk": torch.tensor([k for _, k in chosen], dtype=torch.int64)}
     with atomic_path(out / INIT_FILE) as tmp:
         save_file(tensors, str(tmp))
-    info = {"episodes": [e.key for e in chosen], "instructions": {str(e.task): e.instruction for e in chosen},
-            "per_task": {str(k): v for k, v in sorted(count.items())}}
-    write_json(out / "init_observations.json", info)
+    per_task_count: dict[str, int] = {}
+    for e, _ in chosen:
+        per_task_count[str(e.task)] = per_task_count.get(str(e.task), 0) + 1
+    info = {"keyframes": [{"episode": e.key, "file_sha256": e.file_sha256, "chunk": k, "task": e.task,
+                           "source": e.source} for e, k in chosen],
+            "episodes": sorted({e.key for e, _ in chosen}), "context": context, "max_chunk": max_chunk, "seed": seed,
+            "instructions": {str(e.task): e.instruction for e, _ in chosen},
+            "per_task": dict(sorted(per_task_count.items(), key=lambda kv: int(kv[0])))}
+    write_json(out / INIT_INDEX, info)
     return info
 
 
-def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False) -> Path:
+def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False,
+                 keyframe_max_chunk: int = 8, keyframes_per_task: int = 50, seed: int = 0) -> Path:
     """Build RUN/model_pair from the update's selection, the reward model and the manifest."""
     from wmrl.data.manifest import load_manifest
     from wmrl.lineage import git_commit
-    from wmrl.worldmodel.update import selection_path
+    from wmrl.worldmodel.model import FrameWorldModel
 
-    run = Path(run)
-    out = Path(out or run / "model_pair")
-    sel = read_json(selection_path(run), PairError, f"run the world-model update first (make wm-update RUN={run})")
-    manifest = run / "manifest.json"
-    load_manifest(manifest, verify=True)
+    layout = RunLayout(run)
+    out = Path(out or layout.model_pair)
+    sel = read_json(layout.selection, PairError, f"run the world-model update first (make wm-update RUN={run})")
+    load_manifest(layout.manifest, verify=True)
     if (out / "pair.json").exists() and not overwrite:
         raise FileExistsError(f"{out}/pair.json exists; pass --overwrite (OVERWRITE=1) to package again")
-    sources = {"main": Path(sel["main"]["weights"]), "wrist": Path(sel["wrist"]["weights"]),
-               "reward": run / "worldmodels" / "reward"}
+    sources = {"main": Path(sel["main"]["weights"]), "wrist": Path(sel["wrist"]["weights"]), "reward": layout.reward}
+    cfgs = {v: FrameWorldModel.read_config(sources[v])[0] for v in VIEWS}
+    if cfgs["main"].image_size != cfgs["wrist"].image_size or cfgs["main"].chunk_size != cfgs["wrist"].chunk_size:
+        raise PairError(f"the main and wrist models differ in image or chunk size ({cfgs}); train both with one profile")
     for part, src in sources.items():
         _copy(src, out / part)
-    init_info = _init_observations(manifest, out)
+    init_info = _keyframes(layout.manifest, out, chunk=cfgs["main"].chunk_size,
+                           context=max(c.context for c in cfgs.values()), max_chunk=keyframe_max_chunk,
+                           per_task=keyframes_per_task, seed=seed)
     files = {part: [_file_entry(out / part / n, out) for n in ("model.safetensors", "config.json")] for part in PARTS}
-    files["init_observations"] = [_file_entry(out / INIT_FILE, out), _file_entry(out / "init_observations.json", out)]
+    files["init_observations"] = [_file_entry(out / INIT_FILE, out), _file_entry(out / INIT_INDEX, out)]
     pair = {
         "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "contract": {"image_size": cfgs["main"].image_size, "chunk_size": cfgs["main"].chunk_size,
+                     "action_dim": ACTION_DIM, "proprio_dim": PROPRIO_DIM, "views": list(VIEWS),
+                     "context": init_info["context"]},
         "models": {"main": {"step": sel["main"]["step"], "stopped": sel["main"]["reason"], "source": str(sources["main"])},
                    "wrist": {"step": sel["wrist"]["step"], "stopped": sel["wrist"]["reason"], "source": str(sources["wrist"])},
                    "reward": {"threshold": read_json(out / "reward" / "config.json", PairError, "")["threshold"]}},
-        "init_observations": {"episodes": len(init_info["episodes"]), "per_task": init_info["per_task"]},
+        "init_observations": {"episodes": len(init_info["episodes"]), "keyframes": len(init_info["keyframes"]),
+                              "per_task": init_info["per_task"]},
         "files": files,
-        "lineage": {"manifest_sha256": sha256_file(manifest), "selection": str(selection_path(run)), "git_commit": git_commit()},
+        "lineage": {"manifest_sha256": sha256_file(layout.manifest), "selection": str(layout.selection),
+                    "git_commit": git_commit()},
     }
     write_json(out / "pair.json", pair)
     return out / "pair.json"
@@ -134,3 +185,17 @@ def load_pair(path: str | os.PathLike) -> ModelPair:
                 raise PairError(f"{f} ({part}) does not match its SHA-256 in {root / 'pair.json'}: "
                                 "the pair was modified or damaged; package it again")
     return ModelPair(root, meta)
+
+
+def check_contract(pair: ModelPair, *, image_size: int, chunk_size: int, views=VIEWS) -> None:
+    """Refuse a pair made for another image size, chunk size or camera set (before any weight loads)."""
+    c = pair.meta.get("contract")
+    if not c:
+        raise PairError(f"{pair.root / 'pair.json'} has no contract (an older format): package it again (make package)")
+    want = {"image_size": image_size, "chunk_size": chunk_size, "views": list(views), "action_dim": ACTION_DIM,
+            "proprio_dim": PROPRIO_DIM}
+    bad = {k: (c.get(k), v) for k, v in want.items() if c.get(k) != v}
+    if bad:
+        k, (have, need) = next(iter(bad.items()))
+        raise PairError(f"the model pair {pair.root} was made for {k}={have}, this run needs {need}: "
+                        "use a pair trained for this profile (make wm-update / make package with the same PROFILE)")

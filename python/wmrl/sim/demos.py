@@ -51,12 +51,13 @@ class DemoSource:
         return (p.writer is not None and p.kept + p.in_flight < self.cfg.episodes
                 and len(p.done_tags) + p.in_flight < self.cfg.episodes * self.cfg.max_attempts_factor)
 
-    def next(self, preferred_task: int | None) -> EpisodeSpec | None:
+    def next(self, preferred: tuple[int, ...] = ()) -> EpisodeSpec | None:
         open_tasks = [t for t, p in self.progress.items() if self._open(p)]
         if not open_tasks:
             return None
-        task = preferred_task if preferred_task in open_tasks else \
-            max(open_tasks, key=lambda t: (self.cfg.episodes - self.progress[t].kept, -t))
+        task = next((t for t in preferred if t in open_tasks), None)
+        if task is None:
+            task = max(open_tasks, key=lambda t: (self.cfg.episodes - self.progress[t].kept, -t))
         p = self.progress[task]
         while p.cursor in p.done_tags:  # finished in an earlier run (a kill can leave gaps)
             p.cursor += 1
@@ -91,7 +92,7 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
     """Collect demonstrations; returns a per-task summary (kept, attempts, failures, steps)."""
     from tqdm import tqdm
 
-    from wmrl.sim.render import configure_renderer
+    from wmrl.gl import configure_renderer
 
     configure_renderer(sim.renderer)  # a missing GL library fails here, before any work
     out_dir = Path(out_dir)

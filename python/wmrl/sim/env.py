@@ -43,6 +43,7 @@ class Observation:
     state: np.ndarray  # flattened MuJoCo state, for replay and world-model keyframes
     step: int  # policy steps taken so far in this episode
     privileged: dict[str, np.ndarray] = field(default_factory=dict)  # object poses, expert only
+    spec: Any = None  # the EpisodeSpec of the episode (set by the worker pool): who this observation is for
 
 
 def upright(image: np.ndarray) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Run many simulator episodes in parallel worker processes.
 
-Each worker (a ``spawn``-ed process) holds one ``SpatialEnv`` at a time and reuses it for
-consecutive episodes of the same task, because building an env costs ~10 s and a reset
-~30 ms. The scheduler therefore hands a free worker the next episode of the task it already
-has, and only switches it to another task (the one with the most episodes left) when its
-own runs out.
+Each worker (a ``spawn``-ed process) holds ``max_envs`` ``SpatialEnv``s (one per task, the
+least recently used dropped first; 1 by default) and reuses them for later episodes of the
+same task, because building an env costs ~10 s and a reset ~30 ms. The scheduler hands a
+free worker the next episode of the task it has, and only switches it to another task (the
+one with the most episodes left) when its own runs out. Many short batches over many tasks
+(GRPO) keep an env per task in every worker.
 
 Two ways to drive the episodes:
 
@@ -58,7 +59,10 @@ class EpisodeResult:
 
 
 class EpisodeSource(Protocol):
-    def next(self, preferred_task: int | None) -> EpisodeSpec | None: ...
+    """Hands out episodes; ``preferred``: the tasks whose env the asking worker holds, most
+    recently used first (an episode of one of them costs no env construction)."""
+
+    def next(self, preferred: tuple[int, ...] = ()) -> EpisodeSpec | None: ...
 
     def on_result(self, result: EpisodeResult) -> None: ...
 
@@ -72,9 +76,10 @@ class FixedEpisodes:
             self._by_task.setdefault(s.task_index, deque()).append(s)
         self.total = len(specs)
 
-    def next(self, preferred_task: int | None) -> EpisodeSpec | None:
-        if preferred_task is not None and self._by_task.get(preferred_task):
-            return self._by_task[preferred_task].popleft()
+    def next(self, preferred: tuple[int, ...] = ()) -> EpisodeSpec | None:
+        for task in preferred:
+            if self._by_task.get(task):
+                return self._by_task[task].popleft()
         left = {t: q for t, q in self._by_task.items() if q}
         if not left:
             return None
@@ -94,8 +99,10 @@ class _Worker:
     """Lives in the child process: one env, an optional step policy, an optional recorder."""
 
     def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int = 0, action_noise: float = 0.0):
+                 frame_interval: int = 0, action_noise: float = 0.0, max_envs: int = 1):
         self.index, self.cfg, self.step_policy_name, self.policy_id, self.record = index, cfg, step_policy, policy_id, record
+        self.max_envs = max(1, max_envs)
+        self.envs: dict = {}  # task -> SpatialEnv, most recently used last
         # DART: execute the step policy's action plus Gaussian noise (arm dimensions), record
         # the clean action as the label, so demonstrations show how the expert recovers.
         self.action_noise = action_noise
@@ -108,11 +115,14 @@ class _Worker:
     def _env_for(self, task_index: int):
         from wmrl.sim.env import SpatialEnv
 
-        if self.env is None or self.env.task.index != task_index:
-            if self.env is not None:
-                self.env.close()
-            self.env = SpatialEnv(task_index, self.cfg)
-        return self.env
+        env = self.envs.pop(task_index, None)
+        if env is None:
+            while len(self.envs) >= self.max_envs:
+                self.envs.pop(next(iter(self.envs))).close()
+            env = SpatialEnv(task_index, self.cfg)
+        self.envs[task_index] = env
+        self.env = env
+        return env
 
     def start(self, spec: EpisodeSpec):
         from wmrl.sim.policies import make_step_policy
@@ -127,6 +137,7 @@ class _Worker:
             self.noise_rng = np.random.default_rng([spec.seed, 0xDA27])
         self.recorder = TrajectoryRecorder() if self.record else None
         self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
+        obs.spec = spec
         return obs
 
     def _add_frame(self, obs, goal_holds: bool) -> None:
@@ -159,6 +170,7 @@ class _Worker:
                 break
         obs = env.observe()
         self._add_frame(obs, goal_holds=goal)
+        obs.spec = self.spec
         return obs, env.done
 
     def result(self) -> EpisodeResult:
@@ -187,12 +199,12 @@ class _Worker:
 
 
 def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int, action_noise: float) -> None:
-    from wmrl.sim.render import configure_renderer
+                 frame_interval: int, action_noise: float, max_envs: int) -> None:
+    from wmrl.gl import configure_renderer
 
     try:
         configure_renderer(cfg.renderer)
-        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise)
+        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs)
         while True:
             cmd, arg = conn.recv()
             if cmd == "run":
@@ -212,8 +224,9 @@ def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, poli
         except (BrokenPipeError, OSError):
             pass
     finally:
-        if "worker" in locals() and worker.env is not None:
-            worker.env.close()
+        if "worker" in locals():
+            for env in worker.envs.values():
+                env.close()
 
 
 # ------------------------------------------------------------------------------------ pool
@@ -222,8 +235,8 @@ class SimulatorPool:
 
     def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
                  policy_id: str = "external", record: bool = False, frame_interval: int = 0,
-                 action_noise: float = 0.0):
-        from wmrl.sim.render import configure_renderer
+                 action_noise: float = 0.0, max_envs: int = 1):
+        from wmrl.gl import configure_renderer
 
         configure_renderer(cfg.renderer)  # fails here, with the fix, if the GL library is missing
         self.cfg = cfg
@@ -232,13 +245,15 @@ class SimulatorPool:
         self._conns, self._procs = [], []
         for i in range(max(1, workers)):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise),
-                            daemon=True)
+            p = ctx.Process(target=_worker_main, daemon=True,
+                            args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs))
             p.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(p)
-        self._task_of: dict[int, int | None] = {i: None for i in range(len(self._conns))}
+        # the tasks each worker holds an env for, most recently used first (mirrors _Worker._env_for)
+        self._tasks_of: dict[int, list[int]] = {i: [] for i in range(len(self._conns))}
+        self.max_envs = max(1, max_envs)
         self.batch_window_s = 0.01  # how long a ready observation waits for others to batch with
 
     @property
@@ -273,9 +288,10 @@ class SimulatorPool:
         return kind, payload
 
     def _assign(self, w: int, source: EpisodeSource, cmd: str) -> EpisodeSpec | None:
-        spec = source.next(self._task_of[w])
+        spec = source.next(tuple(self._tasks_of[w]))
         if spec is not None:
-            self._task_of[w] = spec.task_index
+            held = [spec.task_index] + [t for t in self._tasks_of[w] if t != spec.task_index]
+            self._tasks_of[w] = held[: self.max_envs]
             self._conns[w].send((cmd, spec))
         return spec
 

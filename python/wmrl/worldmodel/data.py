@@ -43,6 +43,8 @@ class Episode:
     key: str  # "file:demo_i"
     task: int = -1
     instruction: str = ""
+    init_mode: str = "train"  # "eval": started from a fixed evaluation state (never a GRPO start)
+    file_sha256: str = ""  # of the trajectory file it came from
 
 
 def _frames(dataset, idx: np.ndarray) -> np.ndarray:
@@ -51,7 +53,7 @@ def _frames(dataset, idx: np.ndarray) -> np.ndarray:
     return np.stack([dataset[int(i)] for i in idx])
 
 
-def read_episode(group, chunk: int, source: str, key: str) -> Episode | None:
+def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = "") -> Episode | None:
     fs = group["frame_step"][()].astype(np.int64)
     idx = boundary_frames(fs, chunk)
     actions = group["actions"][()].astype(np.float32)
@@ -67,7 +69,8 @@ def read_episode(group, chunk: int, source: str, key: str) -> Episode | None:
         proprio=obs["proprio"][()][idx].astype(np.float32),
         actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
         success=group["rewards"][()][idx] > 0, source=source, key=key,
-        task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")))
+        task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")),
+        init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256)
 
 
 def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
@@ -79,7 +82,7 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
     manifest, files = load_manifest(manifest_path, verify=verify)
     from wmrl.data.parallel import map_files
 
-    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source) for f in files], workers)
+    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source, f.sha256) for f in files], workers)
     train, val = [], []
     for f, episodes in zip(files, per_file):
         for i, ep in episodes:
@@ -90,11 +93,11 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
 def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     import h5py
 
-    path, n, chunk, source = job
+    path, n, chunk, source, sha = job
     out = []
     with h5py.File(path, "r") as h:
         for i in range(n):
-            ep = read_episode(h["data"][f"demo_{i}"], chunk, source, f"{Path(path).name}:demo_{i}")
+            ep = read_episode(h["data"][f"demo_{i}"], chunk, source, f"{Path(path).name}:demo_{i}", sha)
             if ep is not None:
                 out.append((i, ep))
     return out

@@ -54,12 +54,12 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
 
 
 @torch.no_grad()
-def open_loop(main_model, wrist_model, stats_main, stats_wrist, episodes, horizon: int, seed: int = 0,
-              device="cpu") -> dict:
+def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu") -> dict:
     """Imagine every episode with its real actions; returns real and imagined frames per step.
 
-    Episodes run as one batch; those shorter than ``horizon`` chunks simply stop contributing.
-    Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1)."""
+    Episodes run as one batch (``Imagination``); those shorter than ``horizon`` chunks simply
+    stop contributing. Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1)."""
+    from wmrl.worldmodel.imagine import Imagination
     from wmrl.worldmodel.model import images_to_unit
 
     e = len(episodes)
@@ -70,19 +70,13 @@ def open_loop(main_model, wrist_model, stats_main, stats_wrist, episodes, horizo
     valid = torch.tensor([[t <= len(ep.actions) for t in range(steps + 1)] for ep in episodes])
     p0 = torch.stack([torch.from_numpy(ep.proprio[0]) for ep in episodes]).to(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
+    world = Imagination(main_model, wrist_model)
+    world.start(real["main"][:, :1].to(device), real["wrist"][:, :1].to(device), p0)
     imagined = {v: [real[v][:, 0].to(device)] for v in ("main", "wrist")}
-    prop = {"main": (p0 - stats_main["mean"]) / stats_main["std"], "wrist": (p0 - stats_wrist["mean"]) / stats_wrist["std"]}
     for t in range(steps):
-        frames = {}
-        for v, model in (("main", main_model), ("wrist", wrist_model)):
-            hist = imagined[v][-model.cfg.context:]
-            hist = [hist[0]] * (model.cfg.context - len(hist)) + hist  # repeat the first frame, as in training
-            x = torch.stack(hist, dim=1)
-            if model.cfg.condition_on_main:
-                x = torch.cat([x, imagined["main"][-1][:, None]], dim=1)  # the imagined main view, now
-            frames[v], prop[v] = model.generate(x, acts[:, t], prop[v], generator=g)
-        for v in ("main", "wrist"):
-            imagined[v].append(frames[v])
+        main, wrist, _ = world.step(acts[:, t], generator=g)
+        imagined["main"].append(main)
+        imagined["wrist"].append(wrist)
     return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
             "valid": valid, "success": [torch.from_numpy(_pad(ep.success, steps + 1)) for ep in episodes], "steps": steps,
             "episodes": e}

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmrl.worldmodel.config import WorldModelConfig
+from wmrl.config import WorldModelConfig
+from wmrl.pretrained import Pretrained
 
 
 def images_to_unit(x: torch.Tensor) -> torch.Tensor:
@@ -128,10 +129,20 @@ class UNet(nn.Module):
         return self.out(F.silu(self.out_norm(h)))
 
 
-class FrameWorldModel(nn.Module):
+class FrameWorldModel(Pretrained, nn.Module):
+    """Saved and loaded with ``save_pretrained`` / ``from_pretrained`` (``wmrl.pretrained``);
+    the proprio statistics it normalises with are buffers, so they travel with the weights."""
+
+    FORMAT = "wmrl-worldmodel/1"
+    CONFIG_CLASS = WorldModelConfig
+    CONFIG_KEY = "model"
+
     def __init__(self, cfg: WorldModelConfig):
         super().__init__()
         self.cfg = cfg
+        # raw proprio -> normalised: (p - mean) / std, set from the training data
+        self.register_buffer("proprio_mean", torch.zeros(cfg.proprio_dim))
+        self.register_buffer("proprio_std", torch.ones(cfg.proprio_dim))
         c = cfg.cond_dim
         act = cfg.chunk_size * cfg.action_dim
         self.noise_emb = nn.Sequential(FourierFeatures(c), nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
@@ -140,6 +151,20 @@ class FrameWorldModel(nn.Module):
         h = cfg.proprio_hidden
         self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
                                           nn.Linear(h, cfg.proprio_dim))
+
+    def set_proprio_stats(self, stats: dict) -> None:
+        self.proprio_mean.copy_(stats["mean"])
+        self.proprio_std.copy_(stats["std"])
+
+    @property
+    def proprio_stats(self) -> dict:
+        return {"mean": self.proprio_mean, "std": self.proprio_std}
+
+    def normalize_proprio(self, p: torch.Tensor) -> torch.Tensor:
+        return (p - self.proprio_mean) / self.proprio_std
+
+    def unnormalize_proprio(self, p: torch.Tensor) -> torch.Tensor:
+        return p * self.proprio_std + self.proprio_mean
 
     # --------------------------------------------------------------------------- EDM pieces
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,

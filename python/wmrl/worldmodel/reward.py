@@ -11,33 +11,24 @@ with the weights.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmrl.fileio import sha256_file, write_json
+from wmrl.config import RewardConfig
+from wmrl.pretrained import Pretrained
 
 
-@dataclass(frozen=True)
-class RewardConfig:
-    channels: tuple[int, ...] = (32, 64, 128, 128)
-    steps: int = 1500
-    batch: int = 64
-    lr: float = 1e-3
-    blur_prob: float = 0.5  # "generated-style" augmentation
-    noise_std: float = 0.05
-    seed: int = 0
+class RewardModel(Pretrained, nn.Module):
+    """Saved and loaded with ``save_pretrained`` / ``from_pretrained`` (``wmrl.pretrained``);
+    the calibrated threshold is a buffer, so it travels with the weights."""
 
+    FORMAT = "wmrl-reward/1"
+    CONFIG_CLASS = RewardConfig
 
-TINY_REWARD = RewardConfig(channels=(8, 16), steps=20, batch=16, lr=3e-3)
-
-
-class RewardModel(nn.Module):
     def __init__(self, cfg: RewardConfig):
         super().__init__()
         layers, cin = [], 3
@@ -105,11 +96,9 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
     Trained through DeepSpeed like the world models (one process; bf16 on a GPU)."""
     import deepspeed
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from wmrl.fileio import atomic_path
-    from wmrl.worldmodel.config import WMTrainConfig
+    from wmrl.config import WMTrainConfig
     from wmrl.worldmodel.model import images_to_unit
     from wmrl.worldmodel.train import ds_config, init_distributed
 
@@ -148,22 +137,10 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     else:
         threshold, bal_acc = 0.5, None  # nothing to calibrate on: say so in the config
     model.threshold.fill_(threshold)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    meta = {"format": "wmrl-reward/1", "config": asdict(cfg), "threshold": threshold,
-            "val_balanced_accuracy": bal_acc, "val_frames": len(val_frames), "train_frames": len(train_frames),
-            "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()), "wall_s": round(time.perf_counter() - t0, 1),
-            **lineage, "model_sha256": sha256_file(out / "model.safetensors")}
-    write_json(out / "config.json", meta)
+    meta = {"threshold": threshold, "val_balanced_accuracy": bal_acc, "val_frames": len(val_frames),
+            "train_frames": len(train_frames), "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()),
+            "wall_s": round(time.perf_counter() - t0, 1), **lineage}
+    model.save_pretrained(out, meta=meta)
     return meta
 
 
-def load_reward(folder: str | Path) -> RewardModel:
-    from safetensors.torch import load_file
-
-    meta = json.loads((Path(folder) / "config.json").read_text())
-    c = meta["config"]
-    model = RewardModel(RewardConfig(**{**c, "channels": tuple(c["channels"])}))
-    model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
-    return model.eval()

@@ -10,8 +10,8 @@ Files (``V`` = main or wrist), all under ``RUN/worldmodels/V/``:
 
 * ``deepspeed/global_stepN/``  DeepSpeed's checkpoint, written by every rank, with client
   state: step, data position, RNG states, config name, git commit, manifest hash;
-* ``global_step_N/``           the weights for inference: ``model.safetensors``,
-  ``config.json`` (model config, proprio statistics, lineage);
+* ``global_step_N/``           the weights for inference (``FrameWorldModel.save_pretrained``:
+  ``model.safetensors`` with the proprio statistics, ``config.json`` with config, lineage, hashes);
 * ``status.json``              step, target, whether it finished or stopped on request;
 * ``STOP``                     written by the controller: save after the next complete
   optimizer update and stop (the seed's stop rule for the main model).
@@ -33,13 +33,11 @@ import torch
 from wmrl import rng
 from wmrl.config import ConfigError
 from wmrl.fileio import sha256_file, write_json
-from wmrl.worldmodel.config import WMTrainConfig, WorldModelConfig
+from wmrl.layout import RunLayout, step_name
+from wmrl.logs import MetricsLog
+from wmrl.config import WMTrainConfig, WorldModelConfig
 
 STOP_FILE = "STOP"
-
-
-def view_dir(run: str | os.PathLike, view: str) -> Path:
-    return Path(run) / "worldmodels" / view
 
 
 @dataclass
@@ -158,11 +156,10 @@ def _load_data(job: WMJob, device):
     return manifest, tr, va
 
 
-def export_weights(engine, out: Path, meta: dict, is_rank0: bool) -> None:
-    """Inference weights (float32 safetensors) + config.json, atomically, by rank 0."""
-    from safetensors.torch import save_file
-
-    from wmrl.fileio import atomic_path
+def export_weights(engine, out: Path, cfg: WorldModelConfig, stats: dict, meta: dict, is_rank0: bool) -> None:
+    """Inference weights (float32, the proprio statistics in full precision) and config.json,
+    written by rank 0 through ``FrameWorldModel.save_pretrained``."""
+    from wmrl.worldmodel.model import FrameWorldModel
 
     if engine.zero_optimization_stage() == 3:
         state = engine._zero3_consolidated_16bit_state_dict()  # every rank takes part
@@ -170,31 +167,10 @@ def export_weights(engine, out: Path, meta: dict, is_rank0: bool) -> None:
         state = engine.module.model.state_dict()
     if not is_rank0:
         return
-    state = {k.removeprefix("model."): v.detach().float().cpu().contiguous() for k, v in state.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file(state, str(tmp))
-    write_json(out / "config.json", {**meta, "model_sha256": sha256_file(out / "model.safetensors")})
-
-
-def load_weights(folder: str | os.PathLike, device="cpu"):
-    """A FrameWorldModel and its proprio statistics from a folder ``export_weights`` wrote."""
-    from safetensors.torch import load_file
-
-    from wmrl.fileio import read_json
-    from wmrl.worldmodel.model import FrameWorldModel
-
-    meta = read_json(Path(folder) / "config.json", WMConfigError, "export the weights with the world-model update")
-    m = dict(meta["model"])
-    m["channels"] = tuple(m["channels"])
-    model = FrameWorldModel(WorldModelConfig(**m))
-    try:
-        model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
-    except (RuntimeError, OSError) as e:
-        raise WMConfigError(f"{folder}: the weights do not load into the configured model "
-                            f"({str(e).splitlines()[0]})") from None
-    stats = {"mean": torch.tensor(meta["proprio_mean"]), "std": torch.tensor(meta["proprio_std"])}
-    return model.to(device).eval(), {k: v.to(device) for k, v in stats.items()}
+    model = FrameWorldModel(cfg)
+    model.load_state_dict({k.removeprefix("model."): v.detach().float().cpu() for k, v in state.items()})
+    model.set_proprio_stats({k: v.float().cpu() for k, v in stats.items()})
+    model.save_pretrained(out, meta=meta)
 
 
 def main(job: WMJob) -> dict:
@@ -211,7 +187,8 @@ def main(job: WMJob) -> dict:
     device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    out = view_dir(job.run, job.view)
+    layout = RunLayout(job.run)
+    out = layout.wm_view(job.view)
     out.mkdir(parents=True, exist_ok=True)
     manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
     t = job.train
@@ -241,11 +218,10 @@ def main(job: WMJob) -> dict:
         rng.restore(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
     if step >= t.steps:  # finished in an earlier run: nothing to do
         return {"view": job.view, "step": step, "reason": "already at target", "wall_s": 0.0,
-                "weights": str(out / f"global_step_{step}"), "samples_per_s": 0.0}
+                "weights": str(out / step_name(step)), "samples_per_s": 0.0}
     lineage = {"profile": job.profile, "view": job.view, "git_commit": git_commit(), "manifest": str(job.manifest),
                "manifest_sha256": manifest_sha, "ds_config": ds_cfg, "world_size": world}
-    meta = {"format": "wmrl-worldmodel/1", "model": asdict(job.model), "train": asdict(t),
-            "proprio_mean": stats["mean"].tolist(), "proprio_std": stats["std"].tolist(), **lineage}
+    meta = {"train": asdict(t), **lineage}
 
     def save(reason: str) -> None:
         rngs = [None] * world
@@ -253,11 +229,12 @@ def main(job: WMJob) -> dict:
         engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{step}", client_state={
             "step": step, "sampler": sampler.state_dict(), "rng": rngs, "config_name": job.profile,
             "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
-        export_weights(engine, out / f"global_step_{step}", {**meta, "step": step}, rank == 0)
+        export_weights(engine, layout.wm_view(job.view) / step_name(step), job.model, stats, {**meta, "step": step},
+                       rank == 0)
         if rank == 0:
             write_json(ckpt_dir / "wmrl_state.json", {"step": step, "world_size": world, "tag": f"global_step{step}"})
             write_json(out / "status.json", {"view": job.view, "step": step, "target": t.steps, "reason": reason,
-                                             "weights": str(out / f"global_step_{step}")})
+                                             "weights": str(out / step_name(step))})
 
     def validate() -> float | None:
         if val is None or t.val_batches == 0:
@@ -275,9 +252,7 @@ def main(job: WMJob) -> dict:
         engine.train()
         return sum(losses) / len(losses)
 
-    log_path = Path(job.run) / "logs" / f"wm_{job.view}.jsonl"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a") if rank == 0 else None
+    log = MetricsLog(layout.log(f"wm_{job.view}"), tag=f"wm_{job.view}", enabled=rank == 0)
     bar = tqdm(total=t.steps, initial=step, desc=f"wm {job.view}", unit="update", disable=not job.progress or rank)
     stop_requested = False
     reason = "target"
@@ -301,14 +276,12 @@ def main(job: WMJob) -> dict:
             rec = {"step": step, "loss": float(loss.detach()), **{k: float(v) for k, v in parts.items()},
                    "lr": engine.get_lr()[0], "samples_per_s": round(seen / (time.perf_counter() - t0), 1),
                    "time": time.time()}
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
+            log.write(rec)
             bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
         if step % t.eval_interval == 0 or step == t.steps:
             v = validate()
-            if rank == 0 and v is not None:
-                log.write(json.dumps({"step": step, "val_loss": v, "time": time.time()}) + "\n")
-                log.flush()
+            if v is not None:
+                log.write({"step": step, "val_loss": v, "time": time.time()})
         if stop_requested:
             reason = "stop requested"
             break
@@ -319,9 +292,8 @@ def main(job: WMJob) -> dict:
             save("interval")
     bar.close()
     save(reason)
-    if log:
-        log.close()
+    log.close()
     wall = time.perf_counter() - t0
     dist.barrier()
     return {"view": job.view, "rank": rank, "step": step, "reason": reason, "wall_s": round(wall, 1),
-            "weights": str(out / f"global_step_{step}"), "samples_per_s": round(seen / max(wall, 1e-9), 1)}
+            "weights": str(out / step_name(step)), "samples_per_s": round(seen / max(wall, 1e-9), 1)}

@@ -27,17 +27,11 @@ from pathlib import Path
 
 from wmrl.config import ConfigError
 from wmrl.fileio import read_json, write_json
-from wmrl.worldmodel.train import STOP_FILE, view_dir
+from wmrl.layout import RunLayout
+from wmrl.worldmodel.train import STOP_FILE
 
 class UpdateError(ConfigError):
     """A view's training failed; the message names its log."""
-
-
-ENTRY = Path(__file__).resolve().parents[2] / "wm_update.py"
-
-
-def selection_path(run: str | os.PathLike) -> Path:
-    return Path(run) / "train" / "selected_world_models.json"
 
 
 def parse_gpus(text: str | None) -> list[int]:
@@ -73,10 +67,11 @@ class ViewLaunch:
     view: str
     gpus: list[int]
     port: int
-    args: list[str] = field(default_factory=list)  # passed on to `wm_update.py --view V`
+    args: list[str] = field(default_factory=list)  # passed on to the script
+    script: str = ""  # the entry script that trains one view (`--view V` is added): the caller's
 
     def command(self, hostfile: str | None = None) -> list[str]:
-        script = [str(ENTRY), "--view", self.view, *self.args]
+        script = [self.script, "--view", self.view, *self.args]
         if not self.gpus:
             return [sys.executable, *script, "--device", "cpu"]
         launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(self.port)]
@@ -99,16 +94,17 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
                max_s: float | None = None, poll_s: float = 2.0, log=print) -> dict:
     """Train both views concurrently with the stop rule; returns (and writes) the selection.
     ``max_s``: after this many seconds the wrist model is asked to stop too (a time limit)."""
-    run = Path(run)
-    sel = selection_path(run)
+    layout = RunLayout(run)
+    sel = layout.selection
+    view_dir = layout.wm_view
     if sel.exists():
         log(f"[wm-update] {sel} exists: this update is finished (remove it to train again)")
         return read_json(sel, ConfigError, "")
     for v in (main, wrist):
-        (view_dir(run, v.view) / STOP_FILE).unlink(missing_ok=True)  # a stop from an interrupted run
-        view_dir(run, v.view).mkdir(parents=True, exist_ok=True)
-    (run / "logs").mkdir(parents=True, exist_ok=True)
-    logs = {v.view: open(run / "logs" / f"wm_{v.view}.out", "a") for v in (main, wrist)}
+        (view_dir(v.view) / STOP_FILE).unlink(missing_ok=True)  # a stop from an interrupted run
+        view_dir(v.view).mkdir(parents=True, exist_ok=True)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    logs = {v.view: open(layout.logs / f"wm_{v.view}.out", "a") for v in (main, wrist)}
     procs = {}
     t0 = time.perf_counter()
     try:
@@ -125,13 +121,13 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
             if max_s is not None and not timed_out and time.perf_counter() - t0 >= max_s:
                 timed_out = True
                 log(f"[wm-update] time limit of {max_s:.0f} s: asking wrist to stop after its next update")
-                (view_dir(run, "wrist") / STOP_FILE).touch()
+                (view_dir("wrist") / STOP_FILE).touch()
             time.sleep(poll_s)
         if procs["wrist"].returncode != 0:
             raise UpdateError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
         ended = "stopped at the time limit" if timed_out else "reached its target"
         log(f"[wm-update] wrist {ended} after {time.perf_counter() - t0:.0f} s; asking main to stop")
-        (view_dir(run, "main") / STOP_FILE).touch()
+        (view_dir("main") / STOP_FILE).touch()
         if procs["main"].wait() != 0:
             raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
     finally:
@@ -141,7 +137,7 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
                 p.wait(timeout=60)
         for f in logs.values():
             f.close()
-    status = {v: read_json(view_dir(run, v) / "status.json", ConfigError, "the training wrote no status")
+    status = {v: read_json(view_dir(v) / "status.json", ConfigError, "the training wrote no status")
               for v in ("main", "wrist")}
     selection = {"format": "wmrl-selection/1",
                  "rule": "wrist trains to its target; main saves after its next complete update and stops",

@@ -1,0 +1,82 @@
+"""GRPO for the policy, in the real simulator (--env sim) or inside the model pair (--env wm).
+
+    python python/grpo.py --run runs/a --target 20                    # from the newest supervised checkpoint
+    python python/grpo.py --run runs/a --env wm --resume 60 --target 80 --pair runs/a/model_pair
+    python python/grpo.py --profile tiny --run runs/t --target 2 --env sim --dry-run
+    make grpo RUN=runs/a ENV=wm RESUME=60 TARGET=80 [PAIR=dir]
+
+Without --resume a fresh run copies the newest supervised checkpoint (RUN/weights/sft) to GRPO
+step 0 and evaluates it; a run with GRPO checkpoints continues from its newest full state.
+Every 5 steps: policy weights (RUN/weights/policy/global_step_N) and a real-simulator
+evaluation (RUN/evidence/evaluations/global_step_N.json); every 10 steps and at the last: the
+full state. Rerun the same command after an interruption: it continues from the last full
+state. Logs: RUN/logs/grpo.jsonl, TensorBoard, RUN/logs/grpo_curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from wmrl import cli
+from wmrl.config import GRPOConfig, get_profile, override, parse_tasks, profile_names
+
+
+def build(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="default", choices=profile_names(), help="named settings (tiny: CPU toy scale)")
+    p.add_argument("--run", default="runs/default", help="run folder (checkpoints, evidence, logs)")
+    p.add_argument("--target", type=int, required=True, help="train to this GRPO step (TARGET)")
+    p.add_argument("--resume", type=int, help="continue the full state of GRPO step N (RESUME); default: the newest "
+                                              "full state, or step 0 from the newest supervised checkpoint")
+    p.add_argument("--pair", help="model pair for --env wm (default RUN/model_pair); it switches both world models "
+                                  "and the reward model")
+    cli.add_config_flags(p, GRPOConfig, title="GRPO (default: the profile's)")
+    g = p.add_argument_group("evaluation and machine")
+    g.add_argument("--eval-tasks", help="tasks of the real evaluations (default: all ten)")
+    g.add_argument("--eval-seed", type=int, default=0)
+    g.add_argument("--no-eval-first", action="store_true", help="do not evaluate step 0 (the supervised policy) first")
+    g.add_argument("--workers", type=int, help="simulator processes (default: one per core)")
+    g.add_argument("--envs-per-worker", type=int, default=3, help="LIBERO envs each worker keeps (~0.8 GB each)")
+    g.add_argument("--image-size", type=int, help="camera image size (default: the profile's / the checkpoint's)")
+    g.add_argument("--max-steps", type=int, help="simulator steps per episode (240)")
+    g.add_argument("--renderer", help="auto | osmesa | egl (MUJOCO_GL overrides)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-tensorboard", action="store_true")
+    args = p.parse_args(argv)
+
+    prof = get_profile(args.profile)
+    cfg = cli.config_from_flags(args, prof.grpo)
+    sim = override(prof.sim, image_size=args.image_size, max_steps=args.max_steps, renderer=args.renderer)
+    if args.workers is not None and args.workers < 0:
+        from wmrl.config import ConfigError
+
+        raise ConfigError(f"--workers {args.workers}: use 0 (one per core) or a positive count")
+    from wmrl.rl.grpo import GRPOJob, default_command
+
+    job = GRPOJob(run=Path(args.run), cfg=cfg, sim=sim, target=args.target, resume=args.resume,
+                  pair=Path(args.pair) if args.pair else None,
+                  eval_tasks=parse_tasks(args.eval_tasks) or prof.eval.tasks,
+                  eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0,
+                  envs_per_worker=args.envs_per_worker, device=args.device, profile=prof.name,
+                  progress=not args.no_progress, tensorboard=not args.no_tensorboard, command=default_command(argv))
+    from wmrl.rl.grpo import find_start
+
+    find_start(job)  # unknown or weights-only RESUME, TARGET not above it: said now, before anything loads
+    return args, job
+
+
+def main(args, job) -> int:
+    from wmrl.rl import grpo
+
+    if args.dry_run:
+        cli.print_plan("grpo", grpo.plan(job))
+        return 0
+    grpo.main(job)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main(*build()))

@@ -1,0 +1,123 @@
+"""``RunLayout``: every path inside a run folder, named once.
+
+All stages of one lineage write into one run folder (``RUN``); no other module spells these
+paths. The layout follows the original system's release (seed 000):
+
+    RUN/
+      demos/task_XX.hdf5                     scripted-expert demonstrations
+      collect/task_XX.hdf5                   trajectories of the current policy (success and failure)
+      manifest.json                          world-model data: files, hashes, split, new-data ratio
+      weights/sft/global_step_N/             supervised checkpoints (their own numbering)
+      weights/policy/global_step_N/          GRPO steps; step 0 is the supervised policy GRPO started from
+      latest_policy.json                     the newest policy of either kind and how to resume it
+      eval/[sft/]global_step_N/              an evaluation's resumable episode log and results
+      evidence/evaluations/[sft/]global_step_N.json   every finished evaluation, kept as evidence
+      worldmodels/{main,wrist}/              DeepSpeed checkpoints and inference weights per view
+      worldmodels/reward/                    the reward model
+      train/selected_world_models.json       the update's stop-rule selection
+      model_pair/pair.json                   the packaged pair (world models, reward, keyframes)
+      grpo/                                  GRPO's keyframe index, rollout log and curves
+      logs/                                  JSONL logs, TensorBoard events, figures
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STEP_PREFIX = "global_step_"  # the one checkpoint naming scheme: global_step_N
+POLICY_KINDS = ("policy", "sft")  # weights/policy: GRPO steps; weights/sft: supervised steps
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{int(step)}"
+
+
+def parse_step_name(name: str) -> int | None:
+    rest = name[len(STEP_PREFIX):] if name.startswith(STEP_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+
+    def __init__(self, root: str | os.PathLike):
+        object.__setattr__(self, "root", Path(root))
+
+    # ---- data
+    @property
+    def demos(self) -> Path:
+        return self.root / "demos"
+
+    @property
+    def collect(self) -> Path:
+        return self.root / "collect"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    # ---- policy checkpoints, evaluations, evidence
+    def checkpoints(self, kind: str = "policy") -> Path:
+        if kind not in POLICY_KINDS:
+            raise ValueError(f"checkpoint kind {kind!r}: one of {POLICY_KINDS}")
+        return self.root / "weights" / kind
+
+    def checkpoint(self, step: int, kind: str = "policy") -> Path:
+        return self.checkpoints(kind) / step_name(step)
+
+    @property
+    def latest_policy(self) -> Path:
+        return self.root / "latest_policy.json"
+
+    def _kinded(self, base: Path, kind: str) -> Path:
+        return base if kind == "policy" else base / kind
+
+    def eval_dir(self, step: int, kind: str = "policy") -> Path:
+        return self._kinded(self.root / "eval", kind) / step_name(step)
+
+    def evidence(self, step: int, kind: str = "policy") -> Path:
+        return self._kinded(self.root / "evidence" / "evaluations", kind) / f"{step_name(step)}.json"
+
+    # ---- world models
+    @property
+    def worldmodels(self) -> Path:
+        return self.root / "worldmodels"
+
+    def wm_view(self, view: str) -> Path:
+        return self.worldmodels / view
+
+    @property
+    def reward(self) -> Path:
+        return self.worldmodels / "reward"
+
+    @property
+    def selection(self) -> Path:
+        return self.root / "train" / "selected_world_models.json"
+
+    @property
+    def model_pair(self) -> Path:
+        return self.root / "model_pair"
+
+    # ---- GRPO
+    @property
+    def grpo(self) -> Path:
+        return self.root / "grpo"
+
+    @property
+    def keyframes(self) -> Path:
+        return self.grpo / "keyframes.json"
+
+    # ---- logs
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, name: str) -> Path:
+        """``logs/NAME.jsonl``"""
+        return self.logs / f"{name}.jsonl"
+
+    def tensorboard(self, name: str) -> Path:
+        return self.logs / "tensorboard" / name

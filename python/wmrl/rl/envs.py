@@ -1,0 +1,251 @@
+"""The two environments GRPO drives, behind one protocol.
+
+    env.starts(step)                      -> this step's group start states (never an evaluation state)
+    env.run(starts, group_size, act)      -> one Outcome per rollout; ``act(ObsBatch)`` is called
+                                             whenever observations are ready and returns the
+                                             controller's action chunks (B, chunk, 7)
+
+* ``SimEnv``: the real LIBERO-Spatial simulator through the worker pool (the control
+  experiment, RLinf's piRL setting). A group's members share a seeded random placement
+  (``mode=train``); the reward is the simulator's success-once.
+* ``ImaginedEnv``: the model pair. Rollouts start from keyframes of real training
+  trajectories (both views' frame history and the proprio; keyframe-initialised rollouts),
+  the main-view and wrist-view world models step in lockstep on the GPU, all rollouts of a
+  step in one batch, and the frozen reward model scores every generated main-view frame:
+  success once its probability reaches the threshold calibrated on validation data.
+
+The algorithm (``wmrl.rl.grpo``) does not know which one it drives. Start states are a pure
+function of (seed, step, group), so a resumed run draws the same ones; the imagined
+environment's keyframe list is written once per run and pair (``RUN/grpo/keyframes-*.json``)
+and checked, never reselected, on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from wmrl.config import SimConfig
+
+
+@dataclass
+class ObsBatch:
+    """What the policy sees for B rollouts at a chunk boundary (tensors on the policy's device)."""
+
+    main: torch.Tensor  # (B, H, W, 3) uint8, upright
+    wrist: torch.Tensor
+    proprio: torch.Tensor  # (B, P) float32, raw
+    instructions: list[str]
+    rollout: list[int]  # which rollout of this step each row belongs to
+    chunk: list[int]  # the chunk's index within its rollout
+
+
+@dataclass(frozen=True)
+class Start:
+    step: int
+    group: int
+    task: int
+    seed: int | None = None  # SimEnv: the reset seed of the random placement (mode=train)
+    keyframe: int | None = None  # ImaginedEnv: index into the pair's keyframes
+
+
+@dataclass
+class Outcome:
+    rollout: int
+    group: int
+    success: bool
+    chunks: int  # chunks acted
+    steps: int  # simulator (or imagined) steps
+    start: str  # "train" (a seeded random placement) or "keyframe:<episode>:<chunk>"; never an evaluation state
+
+
+class RolloutEnv(Protocol):
+    name: str
+    chunk_size: int
+    image_size: int
+
+    def starts(self, step: int) -> list[Start]: ...
+
+    def run(self, starts: list[Start], group_size: int, act: Callable[[ObsBatch], torch.Tensor]) -> list[Outcome]: ...
+
+    def settings(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+def derived_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs, machines and Python versions)."""
+    h = hashlib.blake2b(np.asarray(parts, np.int64).tobytes(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & (2**63 - 1)
+
+
+def group_tasks(tasks: tuple[int, ...], step: int, groups: int) -> list[int]:
+    """Tasks of this step's groups: consecutive steps walk through ``tasks`` in turn."""
+    return [tasks[(step * groups + g) % len(tasks)] for g in range(groups)]
+
+
+# ------------------------------------------------------------------------------ real simulator
+class SimEnv:
+    name = "sim"
+
+    def __init__(self, sim: SimConfig, *, tasks: tuple[int, ...], groups: int, seed: int, workers: int,
+                 max_chunks: int, envs_per_worker: int = 3, device="cpu"):
+        from wmrl.sim.vector import SimulatorPool
+
+        self.sim = replace(sim, max_steps=min(sim.max_steps, max_chunks * sim.chunk_size))
+        self.tasks, self.groups, self.seed, self.device = tasks, groups, seed, device
+        self.chunk_size, self.image_size = sim.chunk_size, sim.image_size
+        self.pool = SimulatorPool(self.sim, workers, policy_id="grpo", max_envs=envs_per_worker)
+
+    def starts(self, step: int) -> list[Start]:
+        return [Start(step, g, task, seed=derived_seed(self.seed, step, g, 0x5EED) % (2**31))
+                for g, task in enumerate(group_tasks(self.tasks, step, self.groups))]
+
+    def run(self, starts: list[Start], group_size: int, act) -> list[Outcome]:
+        from wmrl.sim.tasks import get_task
+        from wmrl.sim.vector import EpisodeSpec, FixedEpisodes
+
+        specs = [EpisodeSpec(s.task, init_index=None, seed=s.seed, tag=i * group_size + m)
+                 for i, s in enumerate(starts) for m in range(group_size)]
+        assert all(sp.mode == "train" for sp in specs)  # fixed evaluation states never start a rollout
+        group_of = {sp.tag: starts[sp.tag // group_size].group for sp in specs}
+        device, chunk = self.device, self.chunk_size
+
+        class Adapter:  # the pool's chunk-policy interface -> ObsBatch
+            policy_id = "grpo"
+
+            def act(self, observations: list) -> np.ndarray:
+                batch = ObsBatch(
+                    main=torch.from_numpy(np.stack([o.main for o in observations])).to(device),
+                    wrist=torch.from_numpy(np.stack([o.wrist for o in observations])).to(device),
+                    proprio=torch.from_numpy(np.stack([o.proprio for o in observations]).astype(np.float32)).to(device),
+                    instructions=[get_task(o.task_index).instruction for o in observations],
+                    rollout=[o.spec.tag for o in observations], chunk=[o.step // chunk for o in observations])
+                return act(batch).float().cpu().numpy()
+
+        out = []
+        for r in self.pool.run(FixedEpisodes(specs), Adapter()):
+            out.append(Outcome(r.spec.tag, group_of[r.spec.tag], bool(r.success), -(-r.steps // chunk), r.steps,
+                               r.spec.mode))
+        return sorted(out, key=lambda o: o.rollout)
+
+    def settings(self) -> dict:
+        return {"env": "sim", "sim": asdict(self.sim), "workers": self.pool.num_workers,
+                "start_states": "seeded random placements (mode=train), one per group"}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# ------------------------------------------------------------------------------ imagination
+class ImaginedEnv:
+    name = "wm"
+
+    def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
+                 image_size: int, chunk_size: int, index_dir: Path, device="cpu", bf16: bool = False):
+        import json
+
+        from safetensors.torch import load_file
+
+        from wmrl.fileio import sha256_file, write_json
+        from wmrl.release.pair import INIT_FILE, INIT_INDEX, PairError, check_contract, load_pair
+        from wmrl.worldmodel.imagine import Imagination
+        from wmrl.worldmodel.model import FrameWorldModel
+        from wmrl.worldmodel.reward import RewardModel
+
+        pair = load_pair(pair_dir)  # every file's SHA-256 first
+        check_contract(pair, image_size=image_size, chunk_size=chunk_size)  # before any weight loads
+        self.pair, self.device, self.bf16 = pair, torch.device(device), bf16
+        self.tasks, self.groups, self.seed, self.max_chunks = tasks, groups, seed, max_chunks
+        self.chunk_size, self.image_size = chunk_size, image_size
+        main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)
+        wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
+        self.world = Imagination(main, wrist)
+        self.reward = RewardModel.from_pretrained(pair.part("reward"), self.device)
+        self.threshold = float(self.reward.threshold)
+        kf = load_file(str(pair.root / INIT_FILE))
+        info = json.loads((pair.root / INIT_INDEX).read_text())
+        self.instructions = {int(t): s for t, s in info["instructions"].items()}
+        self.keyframe_names = [f"keyframe:{k['episode']}:{k['chunk']}" for k in info["keyframes"]]
+        self.by_task = {t: [i for i, k in enumerate(info["keyframes"]) if k["task"] == t] for t in tasks}
+        missing = [t for t, ids in self.by_task.items() if not ids]
+        if missing:
+            raise PairError(f"the model pair {pair.root} has no keyframes of task(s) {missing}: collect trajectories "
+                            f"of those tasks into the manifest, or train on --tasks {','.join(map(str, info['per_task']))}")
+        self.frames = {"main": kf["main"].to(self.device), "wrist": kf["wrist"].to(self.device)}  # (N, C, H, W, 3)
+        self.proprio = kf["proprio"].to(self.device).float()
+        # the run's keyframe index: written once per pair, checked (never reselected) on resume
+        index = {"pair": str(pair.root), "pair_json_sha256": sha256_file(pair.root / "pair.json"),
+                 "keyframes": info["keyframes"], "rule": "group g of step s starts from keyframe "
+                 "by_task[task][derived_seed(seed, s, g) % len(by_task[task])]", "seed": seed}
+        self.index_path = index_dir / f"keyframes-{index['pair_json_sha256'][:12]}.json"
+        if self.index_path.exists():
+            old = json.loads(self.index_path.read_text())
+            if old.get("keyframes") != index["keyframes"] or old.get("seed") != seed:
+                raise PairError(f"{self.index_path} indexes other keyframes or another seed than this run's pair: "
+                                "GRPO never reselects keyframes on resume; use the pair and seed the run began with")
+        else:
+            write_json(self.index_path, index)
+
+    def starts(self, step: int) -> list[Start]:
+        out = []
+        for g, task in enumerate(group_tasks(self.tasks, step, self.groups)):
+            ids = self.by_task[task]
+            out.append(Start(step, g, task, keyframe=ids[derived_seed(self.seed, step, g, 0x4B46) % len(ids)]))
+        return out
+
+    @torch.no_grad()
+    def run(self, starts: list[Start], group_size: int, act) -> list[Outcome]:
+        from wmrl.worldmodel.model import images_to_unit, unit_to_images
+
+        kf = torch.tensor([s.keyframe for s in starts for _ in range(group_size)], device=self.device)
+        b = len(kf)
+        group = [s.group for s in starts for _ in range(group_size)]
+        instr = [self.instructions[s.task] for s in starts for _ in range(group_size)]
+        self.world.start(images_to_unit(self.frames["main"][kf]), images_to_unit(self.frames["wrist"][kf]),
+                         self.proprio[kf])
+        main, wrist = self.frames["main"][kf, -1], self.frames["wrist"][kf, -1]  # uint8 (B, H, W, 3)
+        proprio = self.proprio[kf]
+        done = torch.zeros(b, dtype=torch.bool, device=self.device)
+        success = torch.zeros_like(done)
+        chunks = torch.zeros(b, dtype=torch.long, device=self.device)
+        g = torch.Generator(device=self.device).manual_seed(derived_seed(self.seed, starts[0].step, 0x1A6E))
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
+        for t in range(self.max_chunks):
+            live = torch.nonzero(~done).flatten()
+            if len(live) == 0:
+                break
+            rows = live.tolist()
+            actions = torch.zeros(b, self.chunk_size, 7, device=self.device)
+            actions[live] = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows], rows,
+                                         [t] * len(rows))).to(self.device).float()
+            with autocast:
+                m, w, p = self.world.step(actions, generator=g)
+                prob = torch.sigmoid(self.reward(m.to(next(self.reward.parameters()).dtype)).float())
+            main, wrist, proprio = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
+            chunks[live] += 1
+            hit = (prob >= self.threshold) & ~done
+            success |= hit
+            done |= hit
+        return [Outcome(i, group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
+                        self.keyframe_names[int(kf[i])]) for i in range(b)]
+
+    def settings(self) -> dict:
+        return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
+                "reward_threshold": self.threshold, "max_chunks": self.max_chunks, "keyframe_index": str(self.index_path),
+                "start_states": "keyframes of real training trajectories (keyframe-initialised rollouts)"}
+
+    def close(self) -> None:
+        pass
+
+
+def timed(fn, *args, **kw):
+    t0 = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t0

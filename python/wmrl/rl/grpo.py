@@ -1,0 +1,496 @@
+"""GRPO for the flow-matching policy, in the real simulator or inside the world models.
+
+Read top to bottom; one GRPO step is
+
+    1. starts    ``groups`` start states (seeded random placements, or keyframes of real
+                 trajectories in the model pair); each is shared by the ``group_size``
+                 rollouts of its group
+    2. rollouts  every chunk is sampled with the flow-SDE (noise level 0.5, temperature 1);
+                 its denoising chain x_0 .. x_K and the chain's log-density are kept
+                 (``wmrl.policy.sampling``); the controller executes the chunk (gripper
+                 snapped to -1/0/+1); a rollout ends at success (success-once) or after
+                 ``max_chunks``
+    3. advantage reward = success (0/1); A = (r - mean of the group) / (std of the group +
+                 eps); groups whose members all agree carry no signal and are skipped
+    4. update    for every kept chunk, the log-density of its stored chain is recomputed
+                 under the current parameters (all K transitions in one batched pass); per
+                 action element (chunk position x action dimension) the ratio
+                 exp(log p_new - log p_old), log p averaged over the K transitions (RLinf's
+                 joint log-probability), enters the PPO-clipped surrogate
+                 -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over elements; optional KL
+                 to the policy GRPO started from (k3 estimator, off by default); gradient
+                 clipping; ``epochs`` x ``minibatches`` optimizer steps
+
+and the cadence of the original (seed 000): every ``eval_interval`` (5) steps the policy's
+weights are saved and evaluated in the real simulator on the fixed initial states
+(``eval_trials`` per task; the full 10 x 50 at the last step); every ``full_interval`` (10)
+steps and at the last one the full state (weights, optimizer, RNG, position). A killed run
+reruns with the same command and continues from the last full state; the step's starts and
+every random draw are functions of (seed, step, rollout, chunk), so the continuation is
+bit-identical on one device.
+
+Checkpoints: ``RUN/weights/policy/global_step_N`` (N = GRPO step; step 0 is the supervised
+policy GRPO starts from, copied from ``RUN/weights/sft`` with its lineage). Logs:
+``RUN/logs/grpo.jsonl`` + TensorBoard, ``RUN/logs/grpo_curves.png``; evaluations in
+``RUN/evidence/evaluations/global_step_N.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from wmrl import rng
+from wmrl.config import ConfigError, EvalConfig, GRPOConfig, SimConfig, TRIALS_PER_TASK
+from wmrl.layout import RunLayout
+from wmrl.policy import checkpoint as ck
+
+
+@dataclass
+class GRPOJob:
+    run: Path
+    cfg: GRPOConfig
+    sim: SimConfig  # the real simulator: rollouts (env=sim) and every evaluation
+    target: int  # train to this GRPO step (TARGET)
+    resume: int | None = None  # RESUME=N: the full state of step N; None: newest GRPO full state, else newest SFT
+    pair: Path | None = None  # env=wm: the model pair (default RUN/model_pair)
+    eval_tasks: tuple[int, ...] = tuple(range(10))  # the real evaluations (all ten)
+    eval_seed: int = 0
+    eval_first: bool = True  # a fresh run evaluates step 0 (the supervised policy) with final_trials first
+    workers: int = 0  # simulator processes (0: one per core)
+    envs_per_worker: int = 3  # LIBERO envs each worker keeps (one per task, ~0.8 GB each on a CPU)
+    device: str = "auto"
+    profile: str = "default"
+    progress: bool = True
+    tensorboard: bool = True
+    command: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# =========================================================================== where to start
+def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
+    """("resume", a full GRPO checkpoint) or ("sft", the supervised checkpoint step 0 copies).
+    Checks everything it can without loading weights; one-line errors say what to do."""
+    grpo = ck.list_checkpoints(job.run, "policy")
+    if job.resume is not None:
+        info = ck.resolve(job.run, job.resume, "policy")
+        if not info.full:
+            raise ck.CheckpointError(
+                f"{info.path} is weights-only (a policy+evaluation checkpoint of the every-{job.cfg.eval_interval}-steps "
+                f"cadence): it has no optimizer or RNG state to resume; resume from a full state (every "
+                f"{job.cfg.full_interval} steps): " + ", ".join(str(c.step) for c in grpo if c.full))
+        if job.target <= job.resume:
+            raise ConfigError(f"TARGET={job.target} must be above RESUME={job.resume} (it is the step to train to)")
+        # a rerun of the same command after a kill continues from the newest full state since
+        later = [c for c in grpo if c.full and job.resume < c.step < job.target]
+        return "resume", (later[-1] if later else info)
+    full = [c for c in grpo if c.full and c.step < job.target]
+    if full:
+        return "resume", full[-1]
+    if grpo and not full:
+        raise ck.CheckpointError(f"{ck.policy_dir(job.run)} holds only weights-only GRPO checkpoints: nothing to resume; "
+                                 "give RESUME=<a full step> or start a new RUN")
+    if any(c.step >= job.target for c in grpo):
+        raise ConfigError(f"the run is already at step {grpo[-1].step} >= TARGET={job.target}; give a higher TARGET")
+    sft = ck.list_checkpoints(job.run, "sft")
+    if not sft:
+        raise ck.CheckpointError(f"no policy to start from: {ck.describe_available(job.run, 'sft')}")
+    return "sft", sft[-1]
+
+
+def plan(job: GRPOJob) -> dict:
+    kind, info = find_start(job)
+    pair = None
+    if job.cfg.env == "wm":
+        from wmrl.release.pair import check_contract, load_pair
+
+        p = load_pair(job.pair or RunLayout(job.run).model_pair)  # hashes checked
+        check_contract(p, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size)
+        pair = str(p.root)
+    start = info.step if kind == "resume" else 0
+    evals = [s for s in range(start + 1, job.target + 1) if s % job.cfg.eval_interval == 0 or s == job.target]
+    return {"run": str(job.run), "env": job.cfg.env, "pair": pair,
+            "start": f"resume the full state of GRPO step {info.step} ({info.path})" if kind == "resume" else
+                     f"step 0 = supervised checkpoint {info.ref} ({info.path})",
+            "steps": f"{start} -> {job.target}", "rollouts_per_step": job.cfg.rollouts,
+            "evaluations": {str(s): (job.cfg.final_trials if s == job.target else job.cfg.eval_trials) for s in evals},
+            "full_states": [s for s in evals if s % job.cfg.full_interval == 0 or s == job.target],
+            "grpo": asdict(job.cfg), "sim": asdict(job.sim)}
+
+
+# =========================================================================== the policy side
+def chunk_noise(seed: int, step: int, rollouts: list[int], chunks: list[int], k: int, chunk: int, dim: int, device):
+    """The flow-SDE's x_0 and per-transition noise for each (rollout, chunk): a function of
+    (seed, step, rollout, chunk) alone, so batching and resuming never change a sample."""
+    from wmrl.rl.envs import derived_seed
+
+    x0, eps = [], []
+    for r, c in zip(rollouts, chunks):
+        g = torch.Generator().manual_seed(derived_seed(seed, step, r, c))
+        x0.append(torch.randn((chunk, dim), generator=g))
+        eps.append(torch.randn((k, chunk, dim), generator=g))
+    return torch.stack(x0).to(device), torch.stack(eps).to(device)
+
+
+def encode(model, norm, lang, main, wrist, proprio, instructions):
+    """Prefix tokens of a batch: uint8 images (B, H, W, 3), raw proprio, instruction strings."""
+    from wmrl.policy.model import images_to_input
+
+    dev = main.device
+    lang_emb = torch.from_numpy(lang.lookup(list(instructions))).to(dev)
+    p = (proprio.float() - norm["p_m"]) / norm["p_s"]
+    return model.encode(images_to_input(main), images_to_input(wrist), lang_emb, p)
+
+
+class Rollouts:
+    """Everything the update needs, one row per acted chunk (kept on the policy's device)."""
+
+    def __init__(self):
+        self.parts: dict[str, list] = {k: [] for k in ("main", "wrist", "proprio", "instructions", "chain", "old_lp",
+                                                       "rollout")}
+
+    def add(self, obs, chain, old_lp) -> None:
+        for k, v in (("main", obs.main), ("wrist", obs.wrist), ("proprio", obs.proprio), ("chain", chain),
+                     ("old_lp", old_lp), ("rollout", torch.tensor(obs.rollout, device=chain.device))):
+            self.parts[k].append(v)
+        self.parts["instructions"].extend(obs.instructions)
+
+    def tensors(self) -> dict:
+        out = {k: torch.cat(v) for k, v in self.parts.items() if k != "instructions" and v}
+        out["instructions"] = self.parts["instructions"]
+        return out
+
+    @property
+    def chunks(self) -> int:
+        return sum(len(r) for r in self.parts["rollout"])
+
+
+# =========================================================================== advantages, loss
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float) -> tuple[torch.Tensor, int]:
+    """(r - group mean) / (group std + eps) per rollout (std over the group's members,
+    population form); groups whose rewards are all equal get 0 and are counted as skipped."""
+    adv = torch.zeros_like(rewards)
+    skipped = 0
+    for g in groups.unique():
+        m = groups == g
+        r = rewards[m]
+        if torch.all(r == r[0]):
+            skipped += 1
+            continue
+        adv[m] = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return adv, skipped
+
+
+def clipped_surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor, clip_low: float,
+                      clip_high: float) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped objective per action element: -min(r A, clip(r, 1 - low, 1 + high) A),
+    averaged; ``new_lp``/``old_lp`` (B, chunk, A), ``adv`` (B,). A ratio outside the band on the
+    side the advantage pushes gets no gradient."""
+    log_ratio = new_lp - old_lp
+    ratio = torch.exp(log_ratio)
+    a = adv[:, None, None]
+    loss = -torch.minimum(ratio * a, ratio.clamp(1 - clip_low, 1 + clip_high) * a).mean()
+    with torch.no_grad():
+        clipped = ((ratio > 1 + clip_high) & (a > 0)) | ((ratio < 1 - clip_low) & (a < 0))
+        stats = {"clip_fraction": float(clipped.float().mean()),
+                 "approx_kl": float(((ratio - 1) - log_ratio).mean()),  # k3 estimator of KL(old || new)
+                 "ratio_max": float(ratio.max())}
+    return loss, stats
+
+
+def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
+    """log p of the stored chains of rows ``idx`` under ``model``: (b, chunk, A), averaged over
+    the K denoising transitions."""
+    from wmrl.policy.sampling import chain_log_prob
+
+    prefix = encode(model, norm, lang, batch["main"][idx], batch["wrist"][idx], batch["proprio"][idx],
+                    [batch["instructions"][i] for i in idx.tolist()])
+    lp = chain_log_prob(model, prefix, batch["chain"][idx], cfg.noise_level, temperature=cfg.temperature,
+                        elementwise=True)
+    return lp.mean(dim=1)
+
+
+def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm, lang, autocast, step: int,
+           ref_model=None) -> dict:
+    """PPO-clipped GRPO update on the chunks whose rollout has a non-zero advantage."""
+    from wmrl.rl.envs import derived_seed
+
+    sample_adv = adv[batch["rollout"]]
+    keep = torch.nonzero(sample_adv != 0).flatten()
+    stats = {"update_chunks": int(len(keep)), "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0,
+             "kl_ref": 0.0, "optimizer_steps": 0}
+    if len(keep) == 0:
+        return stats  # no group carried a signal: no update
+    g = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 0x0D))  # minibatch order
+    n_mb = min(cfg.minibatches, len(keep))
+    sums: dict[str, float] = {}
+    model.train()
+    for _ in range(cfg.epochs):
+        perm = keep[torch.randperm(len(keep), generator=g).to(keep.device)]
+        for idx in perm.tensor_split(n_mb):
+            with autocast:
+                new_lp = element_log_prob(model, norm, lang, batch, idx, cfg)
+                loss, st = clipped_surrogate(new_lp.float(), batch["old_lp"][idx], sample_adv[idx], cfg.clip_low,
+                                             cfg.clip_high)
+                if cfg.kl_coef > 0 and ref_model is not None:
+                    with torch.no_grad():
+                        ref_lp = element_log_prob(ref_model, norm, lang, batch, idx, cfg).float()
+                    d = ref_lp - new_lp.float()
+                    kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
+                    loss = loss + cfg.kl_coef * kl
+                    st["kl_ref"] = float(kl)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            opt.step()
+            st.update(loss=float(loss.detach()), grad_norm=float(gnorm))
+            for k, v in st.items():
+                sums[k] = sums.get(k, 0.0) + v
+            stats["optimizer_steps"] += 1
+    for k, v in sums.items():  # means over the optimizer steps
+        stats[k] = v / stats["optimizer_steps"]
+    return stats
+
+
+# =========================================================================== the loop
+def main(job: GRPOJob) -> dict:
+    from tqdm import tqdm
+
+    from wmrl.device import pick_device
+    from wmrl.logs import MetricsLog
+    from wmrl.policy.runner import to_controller
+    from wmrl.policy.sampling import sde_sample
+    from wmrl.rl.envs import ImaginedEnv, SimEnv
+
+    cfg, layout = job.cfg, RunLayout(job.run)
+    kind, info = find_start(job)  # checked before anything heavy
+    if cfg.env == "wm":  # the pair's hashes and contract, before any weight or rollout
+        from wmrl.release.pair import check_contract, load_pair
+
+        check_contract(load_pair(job.pair or layout.model_pair), image_size=job.sim.image_size,
+                       chunk_size=job.sim.chunk_size)
+    device = pick_device(job.device)
+    on_gpu = device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu and cfg.bf16)
+    say = (lambda *a: None) if not job.progress else print
+
+    # ---- 1. the policy, its optimizer, where the run starts
+    loaded = ck.load_checkpoint(info.path, need_full=(kind == "resume"))  # every file's hash checked
+    if loaded.image_size and loaded.image_size != job.sim.image_size:
+        raise ck.CheckpointError(f"{info.path} was trained on {loaded.image_size} px images, the simulator is set to "
+                                 f"{job.sim.image_size} px: use the matching PROFILE or --image-size")
+    if loaded.cfg.chunk_size != job.sim.chunk_size:
+        raise ConfigError(f"{info.path} acts in chunks of {loaded.cfg.chunk_size}, the simulator runs chunks of "
+                          f"{job.sim.chunk_size}: use a profile of the same chunk size")
+    model = loaded.build_model(device)
+    norm, lang, image_size = loaded.norm.tensors(device), loaded.lang, loaded.image_size
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    if kind == "resume":
+        st = loaded.train_state
+        if st.get("kind") != "grpo":
+            raise ck.CheckpointError(f"{info.path} holds a supervised training state, not GRPO's; resume a GRPO step")
+        try:
+            opt.load_state_dict(st["optimizer"])
+        except (KeyError, ValueError) as e:
+            raise ck.CheckpointError(f"{info.path}/train_state.pt does not fit this run ({e})") from None
+        rng.restore(st["rng"])
+        origin, start = st["origin"], info.step
+        say(f"[grpo] resuming the full state of step {start} ({info.path})")
+    else:
+        origin = {"sft_checkpoint": str(info.path), "sft_ref": info.ref,
+                  "sft_model_sha256": loaded.meta["files"]["model.safetensors"]}
+        start = 0
+        torch.manual_seed(cfg.seed)
+    ref_model = None
+    if cfg.kl_coef > 0:  # the policy GRPO started from, frozen
+        ref_model = ck.load_checkpoint(origin["sft_checkpoint"]).build_model(device).requires_grad_(False)
+
+    env = (SimEnv(job.sim, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed, workers=job.workers or _cores(),
+                  max_chunks=cfg.max_chunks, envs_per_worker=job.envs_per_worker, device=device)
+           if cfg.env == "sim" else
+           ImaginedEnv(job.pair or layout.model_pair, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed,
+                       max_chunks=cfg.max_chunks, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size,
+                       index_dir=layout.grpo, device=device, bf16=cfg.bf16))
+    layout.grpo.mkdir(parents=True, exist_ok=True)
+    evaluator = Evaluator(job, env)
+
+    def save(step: int, full: bool):
+        state = None
+        if full:
+            state = {"kind": "grpo", "step": step, "optimizer": opt.state_dict(), "rng": rng.capture(),
+                     "origin": origin, "grpo": asdict(cfg)}
+        path = ck.save_checkpoint(layout.checkpoint(step), model, step=step, image_size=image_size, norm=loaded.norm,
+                                  lang=lang, train_state=state,
+                                  extra={"grpo": asdict(cfg), "env": env.settings(), "origin": origin,
+                                         "profile": job.profile, "command": job.command, **job.extra})
+        ck.update_latest(job.run, resume_command=job.command)
+        return path
+
+    metrics = MetricsLog(layout.log("grpo"), tag="grpo", tensorboard=layout.tensorboard("grpo") if job.tensorboard
+                         else None, start_step=start, say=say)
+    rollout_log = MetricsLog(layout.grpo / "rollouts.jsonl", tag="rollouts", start_step=start)  # every rollout's start and end
+    try:
+        if kind == "sft":  # step 0: the supervised policy, with its lineage, and its real success
+            save(0, full=True)
+            if job.eval_first:
+                evaluator(model, norm, lang, image_size, 0, cfg.final_trials)
+
+        # ---- 2. GRPO steps
+        bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step", disable=not job.progress,
+                   dynamic_ncols=True)
+        k, chunk, adim = model.cfg.denoise_steps, model.cfg.chunk_size, model.cfg.action_dim
+        for step in range(start + 1, job.target + 1):
+            # rollouts: the policy acts wherever observations are ready; chains are kept
+            buf = Rollouts()
+            model.eval()
+
+            def act(obs):
+                with torch.no_grad(), autocast:
+                    prefix = encode(model, norm, lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
+                    x0, eps = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, device)
+                    s = sde_sample(model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0,
+                                   step_noise=eps)
+                buf.add(obs, s.chain, s.element_log_probs.mean(dim=1))
+                return to_controller(s.actions * norm["a_s"] + norm["a_c"], model.cfg.gripper_deadband)
+
+            t0 = time.perf_counter()
+            starts = env.starts(step)
+            outcomes = env.run(starts, cfg.group_size, act)
+            rollout_s = time.perf_counter() - t0
+
+            # advantages: success vs the group's mean
+            rewards = torch.tensor([float(o.success) for o in outcomes], device=device)
+            groups = torch.tensor([o.group for o in outcomes], device=device)
+            adv, skipped = group_advantages(rewards, groups, cfg.adv_eps)
+
+            # the PPO-clipped update
+            t1 = time.perf_counter()
+            batch = buf.tensors()
+            ust = update(model, opt, batch, adv, cfg, norm=norm, lang=lang, autocast=autocast, step=step,
+                         ref_model=ref_model)
+            update_s = time.perf_counter() - t1
+
+            sim_steps = sum(o.steps for o in outcomes)
+            rec = {"step": step, "rollout_success": float(rewards.mean()), "mean_reward": float(rewards.mean()),
+                   "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes),
+                   "chunks": buf.chunks, "env_steps": sim_steps, "rollout_s": round(rollout_s, 2),
+                   "update_s": round(update_s, 2), "env_steps_per_s": round(sim_steps / max(rollout_s, 1e-9), 1),
+                   "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
+                   "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}
+            if not math.isfinite(rec["loss"]):
+                raise FloatingPointError(f"GRPO loss is {rec['loss']} at step {step}; lower --lr (rerunning resumes "
+                                         "from the last full state)")
+            metrics.write(rec)
+            rollout_log.write({"step": step, "outcomes": [asdict(o) for o in outcomes], "advantages": adv.tolist()})
+            bar.set_postfix(success=f"{rec['rollout_success']:.2f}", skipped=f"{skipped}/{len(starts)}")
+            bar.update(1)
+
+            # the original's cadence: weights + real evaluation every 5, the full state every 10 and at the end
+            last = step == job.target
+            if step % cfg.eval_interval == 0 or last:
+                save(step, full=step % cfg.full_interval == 0 or last)
+                evaluator(model, norm, lang, image_size, step, cfg.final_trials if last else cfg.eval_trials)
+        bar.close()
+    finally:
+        metrics.close()
+        rollout_log.close()
+        evaluator.close()
+        env.close()
+    from wmrl.plots import grpo_curves
+
+    png = grpo_curves(layout.log("grpo"), layout.logs / "grpo_curves.png", evaluator.history())
+    say(f"[grpo] done at step {job.target}; curves: {png}")
+    return {"step": job.target, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
+
+
+def _cores() -> int:
+    from wmrl.config import default_workers
+
+    return default_workers()
+
+
+class Evaluator:
+    """Real-simulator evaluations of the policy in training, on the fixed initial states, with
+    the evaluation's sampler; evidence in ``RUN/evidence/evaluations/global_step_N.json``. The
+    simulator workers are kept for the whole run (shared with the rollouts when those run in
+    the same simulator settings)."""
+
+    def __init__(self, job: GRPOJob, env):
+        self.job, self.pool, self.own = job, None, False
+        if getattr(env, "sim", None) == job.sim:
+            self.pool = env.pool
+
+    def __call__(self, model, norm, lang, image_size: int, step: int, trials: int) -> dict:
+        import json
+
+        from wmrl.evaluation.evidence import publish
+        from wmrl.evaluation.harness import evaluate
+        from wmrl.fileio import sha256_file
+        from wmrl.policy.runner import PolicyRunner
+        from wmrl.sim.vector import SimulatorPool
+
+        job, layout = self.job, RunLayout(self.job.run)
+        info = ck.resolve(job.run, step, "policy")
+        sha = sha256_file(info.path / "model.safetensors")
+        evidence = layout.evidence(step)
+        if evidence.exists():  # a rerun after a kill: the same weights were evaluated already
+            old = json.loads(evidence.read_text())
+            if old.get("settings", {}).get("checkpoint", {}).get("model_sha256") == sha and \
+                    old["summary"]["trials"] == trials * len(job.eval_tasks):
+                return old["summary"]
+        if self.pool is None:
+            self.pool = SimulatorPool(job.sim, job.workers or _cores(), policy_id="grpo-eval",
+                                      max_envs=job.envs_per_worker)
+            self.own = True
+        sampler = job.cfg.eval_sampler
+        runner = PolicyRunner.from_model(model, _NormView(norm), lang, step=step, image_size=image_size,
+                                         path=info.path, device=str(next(model.parameters()).device),
+                                         seed=job.eval_seed, model_sha256=sha, eval_sampler=sampler)
+        cfg = EvalConfig(tasks=job.eval_tasks, trials=min(trials, TRIALS_PER_TASK), workers=self.pool.num_workers,
+                         seed=job.eval_seed)
+        result = evaluate(runner, sim=job.sim, cfg=cfg, out_dir=layout.eval_dir(step), policy_id=runner.policy_id,
+                          overwrite=True, progress=job.progress, extra_settings=runner.settings(), pool=self.pool)
+        publish(job.run, info, result.results, harness_results=result.results_path)
+        s = result.summary
+        print(f"[grpo] step {step}: real success {s['successes']}/{s['trials']} = {100 * s['success_rate']:.1f}% "
+              f"({sampler}; evidence {evidence})", flush=True)
+        return s
+
+    def history(self) -> list[tuple[int, float, int]]:
+        """(step, success rate, trials) of every evaluation in the run so far."""
+        import json
+
+        out = []
+        for c in ck.list_checkpoints(self.job.run, "policy"):
+            ev = RunLayout(self.job.run).evidence(c.step)
+            if ev.exists():
+                s = json.loads(ev.read_text())["summary"]
+                out.append((c.step, s["success_rate"], s["trials"]))
+        return out
+
+    def close(self) -> None:
+        if self.own and self.pool is not None:
+            self.pool.close()
+
+
+class _NormView:
+    """The normalisation tensors already on the device, as ``PolicyRunner`` expects them."""
+
+    def __init__(self, tensors: dict):
+        self._t = tensors
+
+    def tensors(self, device=None) -> dict:
+        return {k: v.to(device) if device is not None else v for k, v in self._t.items()}
+
+
+def default_command(argv: list[str] | None = None) -> str:
+    import shlex
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    return "python python/grpo.py " + " ".join(shlex.quote(a) for a in argv)
+

@@ -1,0 +1,56 @@
+"""``Imagination``: the main-view and wrist-view world models stepping in lockstep.
+
+One step takes a batch of action chunks and returns, for every rollout, the imagined main
+and wrist frames at the end of the chunk and the proprio there. Each model keeps the history
+of its own view (``context`` frames, one chunk apart; before the start the first frame
+repeats, as in training); the wrist model also sees the main view's frame of the same
+moment, the one just imagined. Both models predict the next proprio from the same raw
+proprio (each in its own normalisation); the step's proprio is the mean of the two.
+
+Used by the fidelity report (open loop with real actions) and by GRPO's imagined
+environment (closed loop with the policy's actions); everything stays on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Imagination:
+    def __init__(self, main_model, wrist_model):
+        if main_model.cfg.view != "main" or wrist_model.cfg.view != "wrist":
+            raise ValueError("Imagination(main_model, wrist_model): views are "
+                             f"{main_model.cfg.view!r} and {wrist_model.cfg.view!r}")
+        self.models = {"main": main_model, "wrist": wrist_model}
+        self.history: dict[str, list[torch.Tensor]] = {}
+        self.proprio: torch.Tensor | None = None
+
+    def start(self, main: torch.Tensor, wrist: torch.Tensor, proprio: torch.Tensor) -> None:
+        """``main`` / ``wrist``: (B, T, 3, H, W) in [-1, 1], the last T real frames of each
+        view (oldest first; T >= 1); ``proprio``: (B, P) raw, at the last frame."""
+        self.history = {"main": list(main.unbind(1)), "wrist": list(wrist.unbind(1))}
+        self.proprio = proprio.float()
+
+    def _context(self, view: str) -> torch.Tensor:
+        ctx = self.models[view].cfg.context
+        hist = self.history[view][-ctx:]
+        hist = [hist[0]] * (ctx - len(hist)) + hist  # repeat the first frame, as in training
+        return torch.stack(hist, dim=1)
+
+    @torch.no_grad()
+    def step(self, actions: torch.Tensor, generator: torch.Generator | None = None):
+        """Imagine one chunk: returns (main (B, 3, H, W), wrist (B, 3, H, W), proprio (B, P) raw)."""
+        frames, nexts = {}, []
+        for view in ("main", "wrist"):
+            model = self.models[view]
+            x = self._context(view)
+            if model.cfg.condition_on_main:
+                x = torch.cat([x, frames["main"][:, None]], dim=1)  # the main view just imagined
+            frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator)
+            frames[view] = frame
+            nexts.append(model.unnormalize_proprio(p))
+        for view in ("main", "wrist"):
+            self.history[view].append(frames[view])
+            self.history[view] = self.history[view][-max(m.cfg.context for m in self.models.values()):]
+        self.proprio = torch.stack(nexts).mean(0)
+        return frames["main"], frames["wrist"], self.proprio

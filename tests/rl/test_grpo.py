@@ -1,0 +1,205 @@
+"""GRPO: the update's algebra, the loop's cadence and resume in imagination (a tiny model
+pair) and in the real simulator, and the bad input it refuses before any rollout."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.rl.conftest import TINY, add_pair, tiny_grpo_job
+from wmrl.policy import checkpoint as ck
+from wmrl.rl import grpo
+
+
+# ------------------------------------------------------------------------------ the update's algebra
+def _policy_and_batch(sft_run, n=6):
+    """The tiny supervised policy and a batch of chains it sampled itself."""
+    from wmrl.policy.sampling import sde_sample
+    from wmrl.rl.envs import ObsBatch
+    from tests.policy.conftest import TASK0
+
+    loaded = ck.load_checkpoint(ck.step_dir(sft_run, 10, "sft"))
+    model, norm = loaded.build_model(), loaded.norm.tensors()
+    g = torch.Generator().manual_seed(0)
+    obs = ObsBatch(main=torch.randint(0, 255, (n, 64, 64, 3), generator=g, dtype=torch.uint8),
+                   wrist=torch.randint(0, 255, (n, 64, 64, 3), generator=g, dtype=torch.uint8),
+                   proprio=torch.randn(n, 8, generator=g), instructions=[TASK0] * n, rollout=list(range(n)),
+                   chunk=[0] * n)
+    cfg = TINY.grpo
+    with torch.no_grad():
+        prefix = grpo.encode(model, norm, loaded.lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
+        x0, eps = grpo.chunk_noise(0, 1, obs.rollout, obs.chunk, model.cfg.denoise_steps, 8, 7, "cpu")
+        s = sde_sample(model, prefix, model.cfg.denoise_steps, cfg.noise_level, temperature=cfg.temperature,
+                       noise=x0, step_noise=eps)
+    buf = grpo.Rollouts()
+    buf.add(obs, s.chain, s.element_log_probs.mean(1))
+    return model, loaded, buf.tensors()
+
+
+def test_recomputed_log_prob_of_a_stored_chain_equals_the_sampled_one(sft_run):
+    model, loaded, batch = _policy_and_batch(sft_run)
+    with torch.no_grad():
+        lp = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), TINY.grpo)
+    torch.testing.assert_close(lp, batch["old_lp"], rtol=0, atol=1e-4)
+
+
+def test_group_advantages_and_skipped_groups():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    g = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    adv, skipped = grpo.group_advantages(r, g, 1e-6)
+    assert skipped == 2 and adv[2:6].abs().sum() == 0  # groups 1 and 2 agree: no signal
+    torch.testing.assert_close(adv[:2], torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
+    assert adv[6] < 0 < adv[7]
+
+
+def test_ratio_outside_the_clip_band_gives_no_gradient():
+    old = torch.zeros(2, 8, 7)
+    for delta, adv in ((0.5, 1.0), (-0.5, -1.0)):  # ratio e^0.5 > 1.28 with A > 0; e^-0.5 < 0.8 with A < 0
+        new = torch.full((2, 8, 7), delta, requires_grad=True)
+        loss, st = grpo.clipped_surrogate(new, old, torch.full((2,), adv), 0.2, 0.28)
+        loss.backward()
+        assert new.grad.abs().sum() == 0 and st["clip_fraction"] == 1.0
+    new = torch.full((2, 8, 7), 0.1, requires_grad=True)  # inside the band: a gradient
+    grpo.clipped_surrogate(new, old, torch.ones(2), 0.2, 0.28)[0].backward()
+    assert new.grad.abs().sum() > 0
+
+
+def test_one_update_changes_the_parameters_and_lowers_the_surrogate(sft_run):
+    from wmrl.config import override
+
+    model, loaded, batch = _policy_and_batch(sft_run)
+    cfg = override(TINY.grpo, minibatches=1, lr=1e-3)
+    norm = loaded.norm.tensors()
+    adv = torch.tensor([1.5, -0.5, 1.0, -1.0, 0.5, -1.5])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def surrogate():
+        with torch.no_grad():
+            lp = grpo.element_log_prob(model, norm, loaded.lang, batch, torch.arange(6), cfg)
+            return float(grpo.clipped_surrogate(lp, batch["old_lp"], adv, cfg.clip_low, cfg.clip_high)[0])
+
+    s0 = surrogate()
+    st = grpo.update(model, opt, batch, adv, cfg, norm=norm, lang=loaded.lang, autocast=torch.autocast("cpu", enabled=False),
+                     step=1)
+    assert st["optimizer_steps"] == 1 and st["update_chunks"] == 6 and st["grad_norm"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert surrogate() < s0
+
+
+def test_identical_rewards_in_every_group_give_a_zero_update(sft_run):
+    model, loaded, batch = _policy_and_batch(sft_run)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    adv, skipped = grpo.group_advantages(torch.ones(6), torch.tensor([0, 0, 0, 1, 1, 1]), 1e-6)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    st = grpo.update(model, opt, batch, adv, TINY.grpo, norm=loaded.norm.tensors(), lang=loaded.lang,
+                     autocast=torch.autocast("cpu", enabled=False), step=1)
+    assert skipped == 2 and st["optimizer_steps"] == 0 and st["update_chunks"] == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ------------------------------------------------------------------------------ the loop, in imagination
+def _weights(run, step):
+    from safetensors.torch import load_file
+
+    return load_file(str(ck.step_dir(run, step) / "model.safetensors"))
+
+
+def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path):
+    """Steps 1..4 (evaluation every step, full state every 2 in the tiny profile), real
+    evaluations on the fixed states; the same run cut at step 2 and rerun ends with the same
+    weights bit for bit."""
+    import shutil
+
+    split = tmp_path / "split"
+    shutil.copytree(run_with_pair, split)
+    out = grpo.main(tiny_grpo_job(run_with_pair, target=4, max_steps=16))
+    cks = ck.list_checkpoints(run_with_pair, "policy")
+    assert [(c.step, c.full) for c in cks] == [(0, True), (1, False), (2, True), (3, False), (4, True)]
+    assert [s for s, _, _ in out["evaluations"]] == [1, 2, 3, 4]  # step 0 not evaluated (eval_first off)
+    ev = json.loads((run_with_pair / "evidence/evaluations/global_step_4.json").read_text())
+    assert ev["summary"]["trials"] == 1 and ev["episodes"][0]["init_index"] == 0  # a fixed evaluation state
+    assert ev["settings"]["checkpoint"]["step"] == 4 and ev["settings"]["sampler"] == "sde"
+    log = [json.loads(line) for line in (run_with_pair / "logs/grpo.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    for r in log:
+        assert r["rollouts"] == 4 and r["groups"] == 2 and 0 <= r["skipped_groups"] <= 2
+        assert {"clip_fraction", "approx_kl", "grad_norm", "rollout_s", "update_s", "env_steps_per_s"} <= set(r)
+    rolls = [json.loads(line) for line in (run_with_pair / "grpo/rollouts.jsonl").read_text().splitlines()]
+    assert all(o["start"].startswith("keyframe:task_00.hdf5:demo_") for r in rolls for o in r["outcomes"])
+    latest = json.loads((run_with_pair / "latest_policy.json").read_text())
+    assert latest["source"] == "grpo" and latest["step"] == 4 and latest["evaluation"]["trials"] == 1
+    step0 = json.loads((ck.step_dir(run_with_pair, 0) / "config.json").read_text())
+    assert step0["origin"]["sft_ref"] == "sft/10"
+    assert (run_with_pair / "logs/grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert list((run_with_pair / "grpo").glob("keyframes-*.json"))
+
+    grpo.main(tiny_grpo_job(split, target=2, max_steps=16))
+    assert grpo.find_start(tiny_grpo_job(split, target=4))[1].step == 2
+    grpo.main(tiny_grpo_job(split, target=4, max_steps=16))
+    a, b = _weights(run_with_pair, 4), _weights(split, 4)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (split / "logs/grpo.jsonl").read_text().count('"step": 3') == 1  # the resumed log does not repeat steps
+
+
+def test_bad_input_is_refused_before_any_rollout(run_with_pair, tmp_path, root):
+    import grpo as entry
+
+    base = ["--profile", "tiny", "--run", str(run_with_pair), "--env", "wm"]
+    with pytest.raises(ck.CheckpointError, match="no policy checkpoint global_step_7"):
+        entry.build([*base, "--resume", "7", "--target", "9"])
+    grpo.main(tiny_grpo_job(run_with_pair, target=1, max_steps=16))  # steps 0 and 1, both full states
+    (ck.step_dir(run_with_pair, 1) / ck.STATE_FILE).unlink()  # as a step between two full states is
+    with pytest.raises(ck.CheckpointError, match="weights-only .* no optimizer or RNG state"):
+        entry.build([*base, "--resume", "1", "--target", "3"])
+    with pytest.raises(Exception, match="TARGET=0 must be above RESUME=0"):
+        entry.build([*base, "--resume", "0", "--target", "0"])
+    # a pair made for another image size: refused from its contract, before any weight loads
+    args, job = entry.build([*base, "--target", "3", "--image-size", "32"])
+    with pytest.raises(Exception, match="made for image_size=64, this run needs 32"):
+        grpo.main(job)
+    # a flipped byte in the pair: the hash check names the file (exit 2, one line)
+    f = run_with_pair / "model_pair/main/model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0xFF
+    f.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "python/grpo.py", *base, "--target", "3", "--no-progress"], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "main/model.safetensors" in r.stderr
+    assert "SHA-256" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(run_with_pair, root):
+    r = subprocess.run([sys.executable, "python/grpo.py", "--profile", "tiny", "--run", str(run_with_pair), "--env",
+                        "wm", "--target", "10", "--dry-run"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout.split("\n", 1)[1])
+    assert plan["steps"] == "0 -> 10" and plan["start"].startswith("step 0 = supervised checkpoint sft/10")
+    assert plan["evaluations"]["10"] == 1 and plan["full_states"] == [2, 4, 6, 8, 10]
+    assert not (run_with_pair / "weights/policy").exists()
+
+
+def test_keyframes_never_come_from_evaluation_states(sft_run, tmp_path):
+    import shutil
+
+    from wmrl.release.pair import PairError
+
+    run = tmp_path / "run"
+    shutil.copytree(sft_run, run)
+    with pytest.raises(PairError, match="fixed evaluation state"):
+        add_pair(run, init_mode="eval")
+
+
+# ------------------------------------------------------------------------------ the real simulator
+@pytest.mark.slow
+def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair):
+    out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True))
+    assert [s for s, _, _ in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
+    rolls = [json.loads(line) for line in (run_with_pair / "grpo/rollouts.jsonl").read_text().splitlines()]
+    outcomes = rolls[0]["outcomes"]
+    assert len(outcomes) == 4 and all(o["start"] == "train" for o in outcomes)  # never a fixed evaluation state
+    assert all(1 <= o["chunks"] <= 2 and o["steps"] <= 16 for o in outcomes)
+    log = json.loads((run_with_pair / "logs/grpo.jsonl").read_text().splitlines()[0])
+    assert log["env_steps"] == sum(o["steps"] for o in outcomes) and log["chunks"] == sum(o["chunks"] for o in outcomes)
