@@ -35,24 +35,28 @@ else
 $(error RUNTIME=$(RUNTIME): use RUNTIME=local (virtual environments) or RUNTIME=docker (the two images))
 endif
 
-# Optional flags, passed only when the variable is set.
+# Optional flags, passed only when the variable is set; DRY_RUN=1 / OVERWRITE=1 become flags.
 opt = $(if $(strip $(2)),$(1) $(2))
+yes = $(filter 1 yes true,$(1))
+DRY  = $(if $(call yes,$(DRY_RUN)),--dry-run)
+OVER = $(if $(call yes,$(OVERWRITE)),--overwrite)
 COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(SEED)) \
-         $(call opt,--workers,$(WORKERS)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
-         $(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+         $(call opt,--workers,$(WORKERS)) $(DRY) $(OVER)
 
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft check wheelhouse build images shell
+.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo check wheelhouse build images shell
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
-	@echo "make demo       toy-scale run on CPU: expert demonstrations -> validation -> evaluation"
+	@echo "make demo       the whole cycle at toy scale on CPU: demos -> SFT -> collect -> world models -> pair -> GRPO"
 	@echo "make test       the test suite (TESTS=tests/sim for a subset)"
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
 	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
+	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS)"
+	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make manifest   world-model data: DATA=new trajectories REPLAY=demos/earlier cycles -> RUN/manifest.json"
 	@echo "make wm-update  train both world models with DeepSpeed (STEPS; WM_GPUS_MAIN/WM_GPUS_WRIST); rerun to resume"
@@ -76,10 +80,23 @@ lock:
 	scripts/lock.sh
 	docker/lock-containers.sh
 
+# The whole cycle at toy scale on CPU (tiny profile): demonstrations -> supervised policy ->
+# collection with that policy -> both world models + reward model -> model pair -> GRPO inside the
+# pair, and the same GRPO in the real simulator as the control; every stage resumable.
+DEMO_RUN ?= runs/demo
 demo: setup
-	$(MAKE) --no-print-directory demos PROFILE=tiny OUT=runs/demo/demos
-	$(MAKE) --no-print-directory validate DATA=runs/demo/demos
-	$(MAKE) --no-print-directory eval PROFILE=tiny POLICY=expert OUT=runs/demo/eval_expert VIDEOS=1
+	$(MAKE) --no-print-directory demos PROFILE=tiny RUN=$(DEMO_RUN)
+	$(MAKE) --no-print-directory validate DATA=$(DEMO_RUN)/demos
+	test -f $(DEMO_RUN)/eval_expert/results.json || \
+		$(MAKE) --no-print-directory eval PROFILE=tiny POLICY=expert OUT=$(DEMO_RUN)/eval_expert VIDEOS=1
+	$(MAKE) --no-print-directory sft PROFILE=tiny RUN=$(DEMO_RUN)
+	$(MAKE) --no-print-directory collect PROFILE=tiny RUN=$(DEMO_RUN)
+	test -f $(DEMO_RUN)/manifest.json || $(MAKE) --no-print-directory manifest RUN=$(DEMO_RUN) DATA=$(DEMO_RUN)/collect REPLAY=$(DEMO_RUN)/demos
+	$(MAKE) --no-print-directory wm-update wm-reward PROFILE=tiny RUN=$(DEMO_RUN)
+	test -f $(DEMO_RUN)/model_pair/pair.json || $(MAKE) --no-print-directory package PROFILE=tiny RUN=$(DEMO_RUN)
+	$(MAKE) --no-print-directory grpo PROFILE=tiny RUN=$(DEMO_RUN) ENV=wm TARGET=2
+	$(MAKE) --no-print-directory grpo PROFILE=tiny RUN=$(DEMO_RUN)/control FROM=$(DEMO_RUN) ENV=sim TARGET=2
+	@echo "demo: GRPO curves in $(DEMO_RUN)/logs/grpo_curves.png (imagination) and $(DEMO_RUN)/control/logs/grpo_curves.png (simulator)"
 
 test: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
 	@scripts/run_tests.sh $(TESTS)
@@ -98,7 +115,21 @@ SFT_PY = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(if $(filter-out 0 1,$(NGPU
 sft: setup
 	$(SFT_PY) python/sft.py --profile $(PROFILE) --run-dir $(RUN) --data $(or $(DATA),$(RUN)/demos) \
 		$(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(SEED)) $(call opt,--steps,$(STEPS)) \
-		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
+		$(DRY)
+
+# The current policy in the real simulator, success and failure kept (the cycle's collection).
+collect: setup
+	$(TRAIN_PY) python/collect.py $(COMMON) --run $(RUN) $(call opt,--ckpt,$(CKPT)) $(call opt,--episodes,$(EPISODES)) \
+		$(call opt,--out,$(OUT))
+
+# GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
+# PAIR=dir (a model pair for ENV=wm; default RUN/model_pair), FROM=run (take step 0 from that
+# run's newest supervised checkpoint). GPUS=0 picks the GPU.
+grpo: setup
+	@test -n "$(TARGET)" || { echo "error: give TARGET=<GRPO step to train to> (RESUME=N continues step N)"; exit 2; }
+	$(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(TRAIN_PY) python/grpo.py --profile $(PROFILE) --run $(RUN) --target $(TARGET) \
+		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
+		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) $(DRY)
 
 validate: setup
 	@test -n "$(DATA)" || { echo "error: give DATA=<file or folder of .hdf5 trajectories>"; exit 2; }
@@ -130,12 +161,12 @@ SKIP           ?= $(OFFLINE_SKIP_$(OFFLINE_PY_MM))
 
 offline-bundle: .venv/train/.lock.sha256
 	.venv/train/bin/python python/offline_bundle.py build --out $(or $(OUT),.offline/py$(subst .,,$(OFFLINE_PY_MM))) \
-		--python-version $(OFFLINE_PY_MM) $(if $(filter 1 yes true,$(WITH_TORCH)),--with-torch) $(call opt,--skip,$(SKIP))
+		--python-version $(OFFLINE_PY_MM) $(if $(call yes,$(WITH_TORCH)),--with-torch) $(call opt,--skip,$(SKIP))
 
 offline-install:
-	@test -n "$(BUNDLE)$(filter 1 yes true,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
+	@test -n "$(BUNDLE)$(call yes,$(CHECK_ONLY))" || { echo "error: give BUNDLE=<bundle folder> (from make offline-bundle)"; exit 2; }
 	$(or $(PYTHON),python3) python/offline_bundle.py install $(call opt,--bundle,$(BUNDLE)) $(call opt,--target,$(TARGET)) \
-		$(if $(filter 1 yes true,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))
+		$(if $(call yes,$(CHECK_ONLY)),--check-only) $(call opt,--tasks,$(TASKS)) $(call opt,--jobs,$(WORKERS))
 
 # ---- World models (the cycle's steps 2-4; .venv/wm, DeepSpeed) --------------------------------
 #   make manifest RUN=r DATA=<new trajectories> [REPLAY=<demos, earlier cycles>]   RUN/manifest.json
@@ -145,29 +176,29 @@ offline-install:
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
-WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
+WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)
 
 .PHONY: manifest wm-update wm-reward package wm-eval
 
 manifest: setup
 	@test -n "$(DATA)$(REPLAY)" || { echo "error: give DATA=<this cycle's trajectories> and/or REPLAY=<demonstrations, earlier cycles>"; exit 2; }
 	$(WM_PY) python/make_manifest.py --run $(RUN) $(call opt,--new,$(DATA)) $(call opt,--replay,$(REPLAY)) \
-		$(call opt,--seed,$(SEED)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+		$(call opt,--seed,$(SEED)) $(DRY) $(OVER)
 
 wm-update: setup
 	$(WM_PY) python/wm_update.py $(WM_FLAGS) $(call opt,--steps,$(STEPS)) $(call opt,--save-interval,$(SAVE_INTERVAL)) \
 		$(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--hostfile,$(HOSTFILE))
 
 wm-reward: setup
-	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
-		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \
+		$(OVER)
 
 package: setup
-	$(WM_PY) python/package_pair.py --run $(RUN) $(call opt,--out,$(OUT)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
-		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \
+		$(OVER)
 
 wm-eval: setup
-	$(WM_PY) python/wm_eval.py --run $(RUN) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run)
+	$(WM_PY) python/wm_eval.py --run $(RUN) $(DRY)
 
 # ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
 #   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side
@@ -194,8 +225,8 @@ shell: .venv/driver/.lock.sha256
 
 # Environment check of both environments (JSON); REQUIRE_GPU=1 fails without a visible GPU.
 check: setup
-	$(TRAIN_PY) python/check.py --env train $(if $(filter 1 yes true,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_train.json))
-	$(WM_PY) python/check.py --env wm $(if $(filter 1 yes true,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_wm.json))
+	$(TRAIN_PY) python/check.py --env train $(if $(call yes,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_train.json))
+	$(WM_PY) python/check.py --env wm $(if $(call yes,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_wm.json))
 
 # ---- Bimanual world-model recipe (Stage 0 bidirectional, Stage 1 teacher forcing) ----------
 # Runs in .venv/wm. The bundle lives in RUN/bimanual/bundle unless OUT/DATA say otherwise.
@@ -214,14 +245,14 @@ BIMANUAL_ENV    = BIMANUAL_BUNDLE=$(BIMANUAL_DATA) BIMANUAL_OUTPUT_ROOT=$(RUN)/b
 BIMANUAL_PY     = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(BIMANUAL_ENV) \
                   $(if $(filter-out 0 1,$(NGPUS)),$(WM_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(WM_PY))
 BIMANUAL_OVR    = $(call opt,checkpoint.load_path=,$(PARENT)) $(OVERRIDES) \
-                  $(if $(filter 1 yes true,$(SMOKE)),trainer.max_iter=12 checkpoint.save_iter=12 job.name=bimanual_stage$(STAGE)_smoke)
+                  $(if $(call yes,$(SMOKE)),trainer.max_iter=12 checkpoint.save_iter=12 job.name=bimanual_stage$(STAGE)_smoke)
 
 .PHONY: bimanual-bundle bimanual-validate bimanual-materialize bimanual-train bimanual-eval
 
 bimanual-bundle: setup
 	$(WM_PY) python/bimanual.py bundle --profile $(PROFILE) --out $(or $(OUT),$(RUN)/bimanual/bundle) $(call opt,--data,$(DATA)) \
-		$(call opt,--episodes,$(EPISODES)) $(call opt,--seed,$(SEED)) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) \
-		$(if $(filter 1 yes true,$(OVERWRITE)),--overwrite)
+		$(call opt,--episodes,$(EPISODES)) $(call opt,--seed,$(SEED)) $(DRY) \
+		$(OVER)
 
 bimanual-validate: setup
 	$(WM_PY) python/bimanual.py validate $(BIMANUAL_DATA) $(call opt,--out,$(OUT))
@@ -232,7 +263,7 @@ bimanual-materialize: setup
 bimanual-train: setup
 	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/configs/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
 	$(BIMANUAL_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
-		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
+		$(DRY) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
 
 bimanual-eval: setup
 	@test -n "$(CKPT_ROOT)" || { echo "error: give CKPT_ROOT=<an iteration root, e.g. RUN/bimanual/bimanual_stage1/checkpoints/iter_000008000>"; exit 2; }

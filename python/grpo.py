@@ -29,6 +29,7 @@ def build(argv: list[str] | None = None):
     p.add_argument("--target", type=int, required=True, help="train to this GRPO step (TARGET)")
     p.add_argument("--resume", type=int, help="continue the full state of GRPO step N (RESUME); default: the newest "
                                               "full state, or step 0 from the newest supervised checkpoint")
+    p.add_argument("--from-run", help="take step 0 from this run's newest supervised checkpoint (default: RUN's own)")
     p.add_argument("--pair", help="model pair for --env wm (default RUN/model_pair); it switches both world models "
                                   "and the reward model")
     cli.add_config_flags(p, GRPOConfig, title="GRPO (default: the profile's)")
@@ -36,6 +37,8 @@ def build(argv: list[str] | None = None):
     g.add_argument("--eval-tasks", help="tasks of the real evaluations (default: all ten)")
     g.add_argument("--eval-seed", type=int, default=0)
     g.add_argument("--no-eval-first", action="store_true", help="do not evaluate step 0 (the supervised policy) first")
+    g.add_argument("--max-minutes", type=float, help="time limit: the step that passes it is the last (full state and the "
+                                                     "full evaluation); rerun to continue")
     g.add_argument("--workers", type=int, help="simulator processes (default: one per core)")
     g.add_argument("--envs-per-worker", type=int, default=3, help="LIBERO envs each worker keeps (~0.8 GB each)")
     g.add_argument("--image-size", type=int, help="camera image size (default: the profile's / the checkpoint's)")
@@ -57,9 +60,9 @@ def build(argv: list[str] | None = None):
     from wmrl.rl.grpo import GRPOJob, default_command
 
     job = GRPOJob(run=Path(args.run), cfg=cfg, sim=sim, target=args.target, resume=args.resume,
-                  pair=Path(args.pair) if args.pair else None,
+                  pair=Path(args.pair) if args.pair else None, init_from=Path(args.from_run) if args.from_run else None,
                   eval_tasks=parse_tasks(args.eval_tasks) or prof.eval.tasks,
-                  eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0,
+                  eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0, max_minutes=args.max_minutes,
                   envs_per_worker=args.envs_per_worker, device=args.device, profile=prof.name,
                   progress=not args.no_progress, tensorboard=not args.no_tensorboard, command=default_command(argv))
     from wmrl.rl.grpo import find_start

@@ -29,6 +29,7 @@ CHUNK_SIZE = 8  # actions per policy call; images exist only between chunks (the
 ACTION_DIM = 7  # OSC_POSE delta: xyz, axis-angle, gripper (-1 open, +1 close)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
 VIEWS = ("main", "wrist")  # agentview and eye-in-hand cameras
+MAX_RESET_BASE_SEED = 4000  # reset seed = base * 1e6 + task * 1e4 + attempt must fit numpy's 32 bits
 RENDERERS = ("auto", "osmesa", "egl", "glfw")
 
 
@@ -136,6 +137,8 @@ class DemoConfig:
                               "(a frame every N steps)")
         if self.episodes < 1:
             raise ConfigError(f"episodes={self.episodes}: must be >= 1")
+        if not 0 <= self.seed <= MAX_RESET_BASE_SEED:
+            raise ConfigError(f"demos.seed={self.seed}: use 0..{MAX_RESET_BASE_SEED} (reset seeds must stay below 2**32)")
         if self.workers < 0:
             raise ConfigError(f"workers={self.workers}: use 0 (one per core) or a positive count")
         if self.max_attempts_factor < 1:
@@ -261,7 +264,7 @@ class CollectConfig:
     tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
     episodes: int = 50  # per task (the original: 10 x 50 = 500 trajectories per cycle)
     workers: int = 0
-    seed: int = 20261021  # the seed's cycle seed; reset seeds are derived from it
+    seed: int = 1  # reset seeds are seed * 1e6 + task * 1e4 + attempt (demonstrations use 0); a cycle adds its number
     sampler: str = "sde"  # the policy's stochastic sampler shows the mistakes GRPO must see
     temperature: float = 1.0  # the SDE temperature while collecting (training rollouts use 1)
 
@@ -271,6 +274,8 @@ class CollectConfig:
             raise ConfigError(f"collect.episodes={self.episodes}: must be >= 1 (EPISODES=...)")
         if self.workers < 0:
             raise ConfigError(f"collect.workers={self.workers}: use 0 (one per core) or a positive count")
+        if not 0 <= self.seed <= MAX_RESET_BASE_SEED:
+            raise ConfigError(f"collect.seed={self.seed}: use 0..{MAX_RESET_BASE_SEED} (reset seeds must stay below 2**32)")
         if self.sampler not in EVAL_SAMPLERS:
             raise ConfigError(f"collect.sampler={self.sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
         if not 0.0 < self.temperature <= 10.0:

@@ -45,6 +45,7 @@ from typing import Any
 from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
+from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
 from wmrl.lineage import git_commit
 
@@ -188,30 +189,6 @@ def load_regular_weights(net, state: dict, *, skip_prefixes: tuple[str, ...], wh
                          "the [model] section differs from the checkpoint's")
     own.update(keep)
     net.load_state_dict(own, strict=True)
-
-
-class EMA:
-    """Exponential moving average of the weights (``net_ema``)."""
-
-    def __init__(self, net, beta: float):
-        import copy
-
-        self.beta = beta
-        self.net = copy.deepcopy(net).requires_grad_(False)
-        self.copies = 0  # how often the built-in step copied the weights in (must stay 1)
-
-    def copy_from(self, net) -> None:
-        self.net.load_state_dict(net.state_dict())
-        self.copies += 1
-
-    def update(self, net) -> None:
-        import torch
-
-        with torch.no_grad():
-            for pe, p in zip(self.net.parameters(), net.parameters()):
-                pe.lerp_(p.detach(), 1 - self.beta)
-            for be, b in zip(self.net.buffers(), net.buffers()):
-                be.copy_(b)
 
 
 def make_scheduler(opt, cfg: StageConfig):

@@ -28,6 +28,7 @@ import numpy as np
 from wmrl import rng
 from wmrl.config import ConfigError, PolicyConfig, SFTConfig
 from wmrl.device import pick_device
+from wmrl.ema import EMA
 from wmrl.layout import RunLayout
 from wmrl.logs import MetricsLog
 from wmrl.policy import checkpoint as ck
@@ -232,10 +233,6 @@ def main(job: SFTJob) -> dict:
     # 3. model, optimizer, schedule, EMA
     torch.manual_seed(sc.seed)
     model = FlowPolicy(cfg).to(device)
-    ema_model = None
-    if sc.ema > 0:
-        ema_model = FlowPolicy(cfg).to(device)
-        ema_model.requires_grad_(False)
     opt = torch.optim.AdamW(_param_groups(model, sc.weight_decay), lr=sc.lr, betas=(0.9, 0.95), eps=1e-8,
                             **({"fused": True} if use_cuda else {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, sc))
@@ -248,8 +245,9 @@ def main(job: SFTJob) -> dict:
         if sc.ema == 0 and st.get("model") is not None:
             raise ck.CheckpointError(f"{loaded.path} was trained with EMA; resume with the same --ema")
         model.load_state_dict(raw if raw is not None else loaded.weights)
-        if ema_model is not None:
-            ema_model.load_state_dict(loaded.weights)
+        ema = EMA(model, sc.ema) if sc.ema > 0 else None
+        if ema is not None:
+            ema.net.load_state_dict(loaded.weights)
         try:
             opt.load_state_dict(st["optimizer"])
             sched.load_state_dict(st["scheduler"])
@@ -265,8 +263,7 @@ def main(job: SFTJob) -> dict:
         if init is not None:
             model.load_state_dict(init.weights)
             say(f"[sft] weights from {init.path}")
-        if ema_model is not None:
-            ema_model.load_state_dict(model.state_dict())
+        ema = EMA(model, sc.ema) if sc.ema > 0 else None
         torch.manual_seed(sc.seed * 7919 + rank)
     nparams = model.num_parameters
     say(f"[sft] policy: {nparams / 1e6:.2f} M parameters; {sc.steps} steps of batch {sc.batch_size} "
@@ -289,7 +286,7 @@ def main(job: SFTJob) -> dict:
     def validate() -> float | None:
         if data.val.size == 0:
             return None
-        net = ema_model if ema_model is not None else model
+        net = ema.net if ema is not None else model
         net.eval()
         total, count = 0.0, 0
         n = min(data.val.size, VAL_MAX_SAMPLES)
@@ -312,12 +309,12 @@ def main(job: SFTJob) -> dict:
         if full:
             state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                      "rng": rng.capture(), "sampler": sampler.state_dict(),
-                     "model": model.state_dict() if ema_model is not None else None,
+                     "model": model.state_dict() if ema is not None else None,
                      "world_size": world, "sft": asdict(sc)}
         extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": data_meta,
                  "losses": last_losses, "norm_from": str(source.path) if source is not None else "training episodes",
                  "command": job.command, **job.extra}
-        path = ck.save_checkpoint(ck.step_dir(run, step, KIND), ema_model if ema_model is not None else model,
+        path = ck.save_checkpoint(ck.step_dir(run, step, KIND), ema.net if ema is not None else model,
                                   step=step, image_size=data.image_size, norm=norm, lang=lang, train_state=state,
                                   extra=extra)
         ck.update_latest(run, resume_command=job.command)
@@ -329,8 +326,6 @@ def main(job: SFTJob) -> dict:
     bar = tqdm(total=sc.steps, initial=start, desc="sft", unit="step", disable=not (job.progress and is_main),
                dynamic_ncols=True)
     model.train()
-    raw_params = list(model.parameters())
-    ema_params = list(ema_model.parameters()) if ema_model is not None else []
     last = {"loss": float("nan"), "val_loss": None}
     saved: list[str] = []
     t_log, n_log, t_start, trained = time.perf_counter(), 0, time.perf_counter(), 0
@@ -346,10 +341,8 @@ def main(job: SFTJob) -> dict:
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), sc.grad_clip if sc.grad_clip > 0 else float("inf"))
             opt.step()
             sched.step()
-            if ema_model is not None:
-                decay = min(sc.ema, (1 + step) / (10 + step))
-                with torch.no_grad():
-                    torch._foreach_lerp_(ema_params, raw_params, 1 - decay)
+            if ema is not None:
+                ema.update(model, min(sc.ema, (1 + step) / (10 + step)))  # a short warm-up of the decay
             # no host sync per step: losses are summed on the device and read at log time
             loss_sum = loss_sum + loss.detach().float()
             n_log += 1

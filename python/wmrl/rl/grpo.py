@@ -58,9 +58,11 @@ class GRPOJob:
     target: int  # train to this GRPO step (TARGET)
     resume: int | None = None  # RESUME=N: the full state of step N; None: newest GRPO full state, else newest SFT
     pair: Path | None = None  # env=wm: the model pair (default RUN/model_pair)
+    init_from: Path | None = None  # step 0 from this run's newest supervised checkpoint (default: RUN's own)
     eval_tasks: tuple[int, ...] = tuple(range(10))  # the real evaluations (all ten)
     eval_seed: int = 0
     eval_first: bool = True  # a fresh run evaluates step 0 (the supervised policy) with final_trials first
+    max_minutes: float | None = None  # a time limit: the step that passes it becomes the last (full state + 10 x 50)
     workers: int = 0  # simulator processes (0: one per core)
     envs_per_worker: int = 3  # LIBERO envs each worker keeps (one per task, ~0.8 GB each on a CPU)
     device: str = "auto"
@@ -73,8 +75,9 @@ class GRPOJob:
 
 # =========================================================================== where to start
 def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
-    """("resume", a full GRPO checkpoint) or ("sft", the supervised checkpoint step 0 copies).
-    Checks everything it can without loading weights; one-line errors say what to do."""
+    """("resume", a full GRPO checkpoint), ("sft", the supervised checkpoint step 0 copies) or
+    ("done", the finished target). Checks everything it can without loading weights; one-line
+    errors say what to do."""
     grpo = ck.list_checkpoints(job.run, "policy")
     if job.resume is not None:
         info = ck.resolve(job.run, job.resume, "policy")
@@ -88,22 +91,26 @@ def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
         # a rerun of the same command after a kill continues from the newest full state since
         later = [c for c in grpo if c.full and job.resume < c.step < job.target]
         return "resume", (later[-1] if later else info)
+    done = [c for c in grpo if c.full and c.step == job.target]
+    if done:
+        return "done", done[-1]  # a rerun of a finished run: nothing to do
     full = [c for c in grpo if c.full and c.step < job.target]
     if full:
         return "resume", full[-1]
-    if grpo and not full:
-        raise ck.CheckpointError(f"{ck.policy_dir(job.run)} holds only weights-only GRPO checkpoints: nothing to resume; "
-                                 "give RESUME=<a full step> or start a new RUN")
-    if any(c.step >= job.target for c in grpo):
-        raise ConfigError(f"the run is already at step {grpo[-1].step} >= TARGET={job.target}; give a higher TARGET")
-    sft = ck.list_checkpoints(job.run, "sft")
+    if grpo:
+        raise ck.CheckpointError(f"{ck.policy_dir(job.run)} holds no full GRPO state below TARGET={job.target} "
+                                 f"({ck.describe_available(job.run)}); give RESUME=<a full step> or start a new RUN")
+    source = job.init_from or job.run
+    sft = ck.list_checkpoints(source, "sft")
     if not sft:
-        raise ck.CheckpointError(f"no policy to start from: {ck.describe_available(job.run, 'sft')}")
+        raise ck.CheckpointError(f"no policy to start from: {ck.describe_available(source, 'sft')}")
     return "sft", sft[-1]
 
 
 def plan(job: GRPOJob) -> dict:
     kind, info = find_start(job)
+    if kind == "done":
+        return {"run": str(job.run), "start": f"nothing to do: GRPO step {info.step} = TARGET exists ({info.path})"}
     pair = None
     if job.cfg.env == "wm":
         from wmrl.release.pair import check_contract, load_pair
@@ -268,6 +275,9 @@ def main(job: GRPOJob) -> dict:
 
     cfg, layout = job.cfg, RunLayout(job.run)
     kind, info = find_start(job)  # checked before anything heavy
+    if kind == "done":
+        print(f"[grpo] {info.path} is the full state of TARGET={job.target}: nothing to do")
+        return {"step": info.step, "start": info.step, "evaluations": [], "curves": None}
     if cfg.env == "wm":  # the pair's hashes and contract, before any weight or rollout
         from wmrl.release.pair import check_contract, load_pair
 
@@ -276,7 +286,7 @@ def main(job: GRPOJob) -> dict:
     device = pick_device(job.device)
     on_gpu = device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu and cfg.bf16)
-    say = (lambda *a: None) if not job.progress else print
+    say = lambda *a: print(*a, flush=True)  # noqa: E731
 
     # ---- 1. the policy, its optimizer, where the run starts
     loaded = ck.load_checkpoint(info.path, need_full=(kind == "resume"))  # every file's hash checked
@@ -301,7 +311,7 @@ def main(job: GRPOJob) -> dict:
         origin, start = st["origin"], info.step
         say(f"[grpo] resuming the full state of step {start} ({info.path})")
     else:
-        origin = {"sft_checkpoint": str(info.path), "sft_ref": info.ref,
+        origin = {"sft_checkpoint": str(info.path.resolve()), "sft_ref": info.ref,
                   "sft_model_sha256": loaded.meta["files"]["model.safetensors"]}
         start = 0
         torch.manual_seed(cfg.seed)
@@ -330,6 +340,7 @@ def main(job: GRPOJob) -> dict:
         ck.update_latest(job.run, resume_command=job.command)
         return path
 
+    step = start
     metrics = MetricsLog(layout.log("grpo"), tag="grpo", tensorboard=layout.tensorboard("grpo") if job.tensorboard
                          else None, start_step=start, say=say)
     rollout_log = MetricsLog(layout.grpo / "rollouts.jsonl", tag="rollouts", start_step=start)  # every rollout's start and end
@@ -343,6 +354,7 @@ def main(job: GRPOJob) -> dict:
         bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step", disable=not job.progress,
                    dynamic_ncols=True)
         k, chunk, adim = model.cfg.denoise_steps, model.cfg.chunk_size, model.cfg.action_dim
+        deadline = None if job.max_minutes is None else time.monotonic() + 60 * job.max_minutes
         for step in range(start + 1, job.target + 1):
             # rollouts: the policy acts wherever observations are ready; chains are kept
             buf = Rollouts()
@@ -390,10 +402,15 @@ def main(job: GRPOJob) -> dict:
             bar.update(1)
 
             # the original's cadence: weights + real evaluation every 5, the full state every 10 and at the end
-            last = step == job.target
+            timed_out = deadline is not None and time.monotonic() >= deadline and step < job.target
+            last = step == job.target or timed_out
             if step % cfg.eval_interval == 0 or last:
                 save(step, full=step % cfg.full_interval == 0 or last)
                 evaluator(model, norm, lang, image_size, step, cfg.final_trials if last else cfg.eval_trials)
+            if timed_out:
+                say(f"[grpo] the time limit of {job.max_minutes} min passed: step {step} is this call's last "
+                    f"(full state and the full evaluation written; rerun with the same TARGET to continue)")
+                break
         bar.close()
     finally:
         metrics.close()
@@ -403,8 +420,8 @@ def main(job: GRPOJob) -> dict:
     from wmrl.plots import grpo_curves
 
     png = grpo_curves(layout.log("grpo"), layout.logs / "grpo_curves.png", evaluator.history())
-    say(f"[grpo] done at step {job.target}; curves: {png}")
-    return {"step": job.target, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
+    say(f"[grpo] stopped at step {step}; curves: {png}")
+    return {"step": step, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
 
 
 def _cores() -> int:

@@ -1,9 +1,11 @@
-"""Scripted-expert demonstrations: N successful episodes per task, one HDF5 file per task.
+"""Training data from the real simulator, one HDF5 file per task: scripted-expert
+demonstrations (N successful episodes per task) and collections of the current policy
+(N episodes per task, success and failure kept: the mistakes the world models must show).
 
-Demonstrations are training data, so they start from seeded random placements of the
-task's objects (``mode=train``), never from the 50 fixed initial states that evaluation
-uses. Attempt k of task t resets with seed ``base_seed * 1_000_000 + t * 10_000 + k``; each
-episode records its seed, so any demonstration can be replayed.
+Both are training data, so they start from seeded random placements of the task's objects
+(``mode=train``), never from the 50 fixed initial states that evaluation uses. Attempt k of
+task t resets with seed ``base_seed * 1_000_000 + t * 10_000 + k``; each episode records its
+seed, so any episode can be replayed.
 
 Layout: ``OUT/task_00.hdf5`` ... . A task's file is written as ``task_00.hdf5.partial``,
 one flushed episode at a time, and renamed when it holds all N; a rerun of the same command
@@ -42,10 +44,11 @@ class _TaskProgress:
 
 
 class DemoSource:
-    """Hands out attempts until each task has ``episodes`` successes (or hits its cap)."""
+    """Hands out attempts until each task has ``episodes`` kept episodes (or hits its cap);
+    ``keep_failures``: every episode is kept (a policy's collection), else successes only."""
 
-    def __init__(self, progress: dict[int, _TaskProgress], cfg: DemoConfig):
-        self.progress, self.cfg = progress, cfg
+    def __init__(self, progress: dict[int, _TaskProgress], cfg: DemoConfig, keep_failures: bool = False):
+        self.progress, self.cfg, self.keep_failures = progress, cfg, keep_failures
 
     def _open(self, p: _TaskProgress) -> bool:
         return (p.writer is not None and p.kept + p.in_flight < self.cfg.episodes
@@ -72,7 +75,7 @@ class DemoSource:
         p.done_tags.add(result.spec.tag)
         if p.writer is None:
             return
-        keep = result.success and p.kept < self.cfg.episodes
+        keep = (result.success or self.keep_failures) and p.kept < self.cfg.episodes
         p.failures += int(not result.success)
         # Attributes first: append() flushes them together with the episode, so a kill
         # can lose an episode but never make a rerun repeat an attempt.
@@ -88,8 +91,10 @@ class DemoSource:
 
 
 def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overwrite: bool = False,
-                  progress: bool = True) -> dict:
-    """Collect demonstrations; returns a per-task summary (kept, attempts, failures, steps)."""
+                  progress: bool = True, policy=None) -> dict:
+    """Collect demonstrations (the scripted expert, successes only) or, with ``policy`` (a
+    chunk policy, e.g. a checkpoint's ``PolicyRunner``), that policy's episodes with success
+    and failure kept; returns a per-task summary (kept, attempts, failures, steps)."""
     from tqdm import tqdm
 
     from wmrl.gl import configure_renderer
@@ -117,14 +122,15 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
     todo = sum(cfg.episodes - p.kept for p in tasks.values() if p.writer is not None)
     t0 = time.perf_counter()
     if todo:
-        source = DemoSource(tasks, cfg)
+        source = DemoSource(tasks, cfg, keep_failures=policy is not None)
         workers = min(cfg.workers or default_workers(), todo)
-        bar = tqdm(total=todo, desc="demos", unit="demo", disable=not progress)
+        bar = tqdm(total=todo, desc="demos" if policy is None else "collect", unit="ep", disable=not progress)
         try:
-            with SimulatorPool(sim, workers, step_policy="expert", record=True,
-                               frame_interval=cfg.frame_interval, action_noise=cfg.action_noise) as pool:
-                for result in pool.run(source):
-                    if result.success:
+            with SimulatorPool(sim, workers, step_policy=None if policy is not None else "expert", record=True,
+                               policy_id=getattr(policy, "policy_id", "external"), frame_interval=cfg.frame_interval,
+                               action_noise=cfg.action_noise) as pool:
+                for result in pool.run(source, policy):
+                    if result.success or policy is not None:
                         bar.update(1)
                     bar.set_postfix(attempts=sum(len(p.done_tags) for p in tasks.values()))
         finally:

@@ -1,0 +1,240 @@
+"""The GPU measurements of bench/RESULTS.md: each phase runs the kit's own stage scripts with
+the Make variables' names and meanings, on a lent GPU machine (``bash bench/prepare_gpu.sh``
+readies it; this script calls it). Every phase writes its variables, the machine and the
+versions beside its figures (``OUT/<phase>_settings.json``), the wall time of every stage
+(``OUT/times.jsonl``), the stages' logs, and a tarball of the run's small artefacts.
+
+    python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
+    python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
+    python3 bench/gpu.py grpo  RUN=runs/h200/grpo FROM=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=...]
+    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0]
+    python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
+    python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000
+    python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
+                                                  # machine's calls last at most 10 minutes)
+    python3 bench/gpu.py wait SECONDS=540         # follow background phases; returns when they end or time is up
+
+A phase that stops at a call's end is continued by running it again: every stage resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("OUT", ROOT / "runs" / "gpu_out"))
+PY = sys.executable
+
+
+def variables(argv: list[str]) -> dict[str, str]:
+    out = {}
+    for a in argv:
+        if "=" not in a:
+            sys.exit(f"error: {a!r}: give variables as NAME=VALUE (see the docstring)")
+        k, v = a.split("=", 1)
+        out[k] = v
+    return out
+
+
+def prepare() -> dict:
+    line = subprocess.run(["bash", str(ROOT / "bench" / "prepare_gpu.sh")], check=True, capture_output=True,
+                          text=True, cwd=ROOT).stdout.strip().splitlines()[-1]
+    env = dict(os.environ)
+    env.update(dict(kv.split("=", 1) for kv in shlex.split(line)))
+    return env
+
+
+def machine(env: dict) -> dict:
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cores": os.cpu_count()}
+    try:
+        info["gpus"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().splitlines()
+    except OSError:
+        info["gpus"] = []
+    code = ("import json, torch, numpy\nout = {'torch': torch.__version__, 'numpy': numpy.__version__}\n"
+            "for m in ('mujoco', 'robosuite', 'deepspeed'):\n    try:\n        out[m] = __import__(m).__version__\n"
+            "    except Exception:\n        out[m] = 'absent'\nprint(json.dumps(out))")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env)
+    info["versions"] = json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-300:]}
+    info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return info
+
+
+def stage(name: str, script: str, args: list, env: dict, *, background: bool = False, extra_env: dict | None = None):
+    """``python3 python/<script> args`` (or a bench script), timed, its output in OUT/<name>.log."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    cmd = [PY, script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
+    log = open(OUT / f"{name}.log", "a")
+    print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    p = subprocess.Popen(cmd, cwd=ROOT, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    if background:
+        return p, t0, name, log
+    return finish(p, t0, name, log)
+
+
+def finish(p, t0, name, log) -> int:
+    rc = p.wait()
+    log.close()
+    rec = {"stage": name, "seconds": round(time.time() - t0, 1), "exit": rc}
+    with open(OUT / "times.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(f"[gpu] {name}: exit {rc} after {rec['seconds']} s", flush=True)
+    if rc != 0:
+        print((OUT / f"{name}.log").read_text()[-3000:], flush=True)
+    return rc
+
+
+def pack(run: Path, name: str) -> None:
+    """The run's small artefacts (JSON, JSONL, PNG, logs; no weights) as OUT/<name>.tar.gz."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(OUT / f"{name}.tar.gz", "w:gz") as tar:
+        for p in sorted(Path(run).rglob("*")):
+            if p.is_file() and p.suffix in (".json", ".jsonl", ".png", ".log", ".txt", ".out", ".gif", ".mp4") \
+                    and p.stat().st_size < 4 << 20 and "episodes" not in p.name:
+                tar.add(p, arcname=str(p.relative_to(Path(run).parent)))
+
+
+# ----------------------------------------------------------------------------------- phases
+def phase_learn(v: dict, env: dict) -> None:
+    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+    if stage("demos", "collect_demos.py", ["--workers", w, "--out", f"{run}/demos", "--no-progress",
+                                            *(["--episodes", v["EPISODES"]] if "EPISODES" in v else []),
+                                            *shlex.split(v.get("DEMO_ARGS", ""))], env):
+        sys.exit(1)
+    stage("sft", "sft.py", ["--run", run, "--data", f"{run}/demos", "--steps", v.get("STEPS", "4000"), "--no-progress",
+                            "--no-tensorboard"], env)
+    pack(Path(run), "learn")
+
+
+def phase_eval(v: dict, env: dict) -> None:
+    run = v.get("RUN", "runs/h200")
+    args = ["--run", run, "--ckpt", v["CKPT"], "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
+            *(["--sampler", v["SAMPLER"]] if "SAMPLER" in v else []),
+            *(["--temperature", v["TEMPERATURE"]] if "TEMPERATURE" in v else []),
+            *(["--out", v["OUT_DIR"], "--overwrite"] if "OUT_DIR" in v else [])]
+    stage(f"eval_{v['CKPT'].replace('/', '_')}", "evaluate.py", args, env)
+    pack(Path(run), "eval")
+
+
+def phase_grpo(v: dict, env: dict) -> None:
+    """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores."""
+    seeds = v.get("SEEDS", "0").split(",")
+    gpus = v.get("GPUS", "0").split(",")
+    per = max(1, (os.cpu_count() or 2) // len(seeds))
+    root = Path(v.get("RUN", "runs/h200/grpo"))
+    procs = []
+    for i, s in enumerate(seeds):
+        args = ["--run", root / f"seed{s}", "--from-run", v.get("FROM", "runs/h200"), "--target", v.get("TARGET", "20"),
+                "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim"), "--no-eval-first"]
+        for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
+                          ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
+                          ("--eval-trials", "EVAL_TRIALS"), ("--envs-per-worker", "ENVS_PER_WORKER")):
+            if key in v:
+                args += [flag, v[key]]
+        procs.append(stage(f"grpo_seed{s}", "grpo.py", args, env, background=True,
+                           extra_env={"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}))
+    for p in procs:
+        finish(*p)
+    pack(root, "grpo")
+
+
+def phase_wm(v: dict, env: dict) -> None:
+    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+    if not list(Path(run, "demos").glob("*.hdf5")):
+        stage("wm_demos", "collect_demos.py", ["--workers", w, "--out", f"{run}/demos", "--episodes",
+                                               v.get("EPISODES", "20"), "--frame-interval", "0", "--no-progress"], env)
+    if not Path(run, "manifest.json").exists():
+        stage("manifest", "make_manifest.py", ["--run", run, "--replay", f"{run}/demos",
+                                               *(["--new", v["NEW"]] if "NEW" in v else [])], env)
+    reward = None if Path(run, "worldmodels/reward/config.json").exists() else \
+        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress"], env, background=True)
+    args = ["--run", run, "--steps", v.get("STEPS", "400"), "--micro-batch", v.get("MICRO", "16"), "--grad-accum",
+            v.get("ACCUM", "4"), "--save-interval", "100", "--no-progress",
+            *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])]
+    stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
+                                                             "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})
+    if reward:
+        finish(*reward)
+    stage("package", "package_pair.py", ["--run", run, "--overwrite"], env)
+    stage("wm_eval", "wm_eval.py", ["--run", run, "--videos", "4"], env)
+    pack(Path(run), "wm")
+
+
+def phase_sim(v: dict, env: dict) -> None:
+    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+    stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", "128,256", "--steps", "480", "--json",
+                                                    OUT / "throughput.json"], env)
+    stage("eval_expert", "evaluate.py", ["--policy", "expert", "--workers", w, "--out", f"{run}/eval_expert",
+                                          "--no-progress"], env)
+    pack(Path(run), "sim")
+
+
+def phase_bimanual(v: dict, env: dict) -> None:
+    run, bundle = v.get("RUN", "runs/h200"), v.get("BUNDLE", ".offline/aloha_bundle")
+    i0, i1 = v.get("ITERS0", "2000"), v.get("ITERS1", "1000")
+    env = {**env, "BIMANUAL_BUNDLE": bundle, "BIMANUAL_OUTPUT_ROOT": f"{run}/bimanual"}
+    stage("bimanual_validate", "bimanual.py", ["validate", bundle, "--no-preview"], env)
+    stage("stage0", "bimanual.py", ["train", "--stage", "0", "--config", "data/configs/stage0_bidir.toml", "--no-progress",
+                                    f"trainer.max_iter={i0}", "checkpoint.save_iter=500"], env)
+    root0 = f"{run}/bimanual/bimanual_stage0/checkpoints/iter_{int(i0):09d}"
+    stage("stage1", "bimanual.py", ["train", "--stage", "1", "--config", "data/configs/stage1_tf.toml", "--no-progress",
+                                    f"checkpoint.load_path={root0}", f"trainer.max_iter={i1}", "checkpoint.save_iter=500"],
+          env)
+    root1 = f"{run}/bimanual/bimanual_stage1/checkpoints/iter_{int(i1):09d}"
+    stage("stage1_eval", "bimanual.py", ["evaluate", "--config", "data/configs/stage1_tf.toml", "--checkpoint", root1,
+                                         f"checkpoint.load_path={root0}", "--out", OUT / "stage1_eval.json"], env)
+    pack(Path(run), "bimanual")
+
+
+PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "sim": phase_sim,
+          "bimanual": phase_bimanual}
+
+
+def wait(v: dict) -> None:
+    """Follow the background phases (their pid files) until they end or SECONDS pass."""
+    deadline = time.time() + float(v.get("SECONDS", "540"))
+    pids = [int(p.read_text()) for p in OUT.glob("*.pid")]
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(5)
+    running = [p for p in pids if _alive(p)]
+    print(f"[gpu] background phases still running: {running}" if running else "[gpu] background phases finished")
+    for f in sorted(OUT.glob("*.log")):
+        print(f"---- {f.name}\n" + "\n".join(f.read_text().splitlines()[-6:]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in (*PHASES, "wait"):
+        sys.exit(f"usage: python3 bench/gpu.py {{{'|'.join(PHASES)}|wait}} NAME=VALUE ...")
+    phase, v = argv[0], variables(argv[1:])
+    if phase == "wait":
+        return wait(v)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if v.pop("BACKGROUND", "0") == "1":  # its own session: it outlives this call on the lent machine
+        p = subprocess.Popen([PY, __file__, phase, *[f"{k}={x}" for k, x in v.items()]], cwd=ROOT,
+                             stdout=open(OUT / f"{phase}.out", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        (OUT / f"{phase}.pid").write_text(str(p.pid))
+        print(f"[gpu] {phase} started in the background (pid {p.pid}); follow with: python3 bench/gpu.py wait")
+        return
+    env = prepare()
+    settings = {"phase": phase, "variables": v, "machine": machine(env)}
+    (OUT / f"{phase}_settings.json").write_text(json.dumps(settings, indent=2))
+    PHASES[phase](v, env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Prepare a lent GPU machine for the kit's stages (its Python 3.12 has torch, h5py, imageio,
+# matplotlib, tensorboard; no package index). Carried with the working tree:
+#   .gl/*.deb          EGL loader debs (libegl1, libglvnd0, ...), unpacked into /
+#   .offline/py312     the simulator side (make offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312)
+#   .offline/wm312     DeepSpeed wheels for the world-model phases (bash bench/make_wm_wheels.sh), optional
+# Idempotent; prints the environment the stages need (bench/gpu.py sources it itself).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+[ -d /tmp/sim/robosuite ] || python3 python/offline_bundle.py install --bundle .offline/py312 --target /tmp/sim --no-check >&2
+if [ -d .offline/wm312 ] && [ ! -d /tmp/wm/deepspeed ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl >&2
+fi
+echo "PYTHONPATH=/tmp/sim:/tmp/wm:$PWD/python MUJOCO_GL=egl PYTHONUNBUFFERED=1 TQDM_DISABLE=1"
