@@ -1,18 +1,24 @@
 """The GPU measurements of bench/RESULTS.md: each phase runs the kit's own stage scripts with
 the Make variables' names and meanings, on a lent GPU machine (``bash bench/prepare_gpu.sh``
 readies it; this script calls it). Every phase writes its variables, the machine and the
-versions beside its figures (``OUT/<phase>_settings.json``), the wall time of every stage
-(``OUT/times.jsonl``), the stages' logs, and a tarball of the run's small artefacts.
+versions beside its figures (``BENCH_OUT/<phase>_settings.json``), the wall time of every stage
+(``BENCH_OUT/times.jsonl``), the stages' logs, and a tarball of the run's small artefacts
+(``BENCH_OUT``: default runs/gpu_out; bring it back in one tarball, the lent machine's tool
+returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
-    python3 bench/gpu.py grpo  RUN=runs/h200/grpo FROM=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=...]
-    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0]
+    python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...]
+                               (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
+                               newest supervised checkpoint, at the same time on their GPU and share of the cores)
+    python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
+    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
     python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000
     python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
                                                   # machine's calls last at most 10 minutes)
     python3 bench/gpu.py wait SECONDS=540         # follow background phases; returns when they end or time is up
+    SKIP_PREPARE=1 PYTHON=.venv/train/bin/python python3 bench/gpu.py learn PROFILE=tiny ...   # the same on a CPU
 
 A phase that stops at a call's end is continued by running it again: every stage resumes.
 """
@@ -29,8 +35,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(os.environ.get("OUT", ROOT / "runs" / "gpu_out"))
-PY = sys.executable
+PROFILE = "default"
+OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
+PY = os.environ.get("PYTHON", sys.executable)  # the interpreter of the stages
 
 
 def variables(argv: list[str]) -> dict[str, str]:
@@ -44,6 +51,8 @@ def variables(argv: list[str]) -> dict[str, str]:
 
 
 def prepare() -> dict:
+    if os.environ.get("SKIP_PREPARE") == "1":  # a machine that has the kit's environment already (a CPU check)
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
     line = subprocess.run(["bash", str(ROOT / "bench" / "prepare_gpu.sh")], check=True, capture_output=True,
                           text=True, cwd=ROOT).stdout.strip().splitlines()[-1]
     env = dict(os.environ)
@@ -70,6 +79,8 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     """``python3 python/<script> args`` (or a bench script), timed, its output in OUT/<name>.log."""
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = [PY, script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
+    if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py"):
+        cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
@@ -115,11 +126,12 @@ def phase_learn(v: dict, env: dict) -> None:
 
 def phase_eval(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
-    args = ["--run", run, "--ckpt", v["CKPT"], "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
+    ckpt = v.get("CKPT", f"sft/{v.get('STEPS', '4000')}")
+    args = ["--run", run, "--ckpt", ckpt, "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
             *(["--sampler", v["SAMPLER"]] if "SAMPLER" in v else []),
             *(["--temperature", v["TEMPERATURE"]] if "TEMPERATURE" in v else []),
             *(["--out", v["OUT_DIR"], "--overwrite"] if "OUT_DIR" in v else [])]
-    stage(f"eval_{v['CKPT'].replace('/', '_')}", "evaluate.py", args, env)
+    stage(f"eval_{ckpt.replace('/', '_')}", "evaluate.py", args, env)
     pack(Path(run), "eval")
 
 
@@ -128,10 +140,10 @@ def phase_grpo(v: dict, env: dict) -> None:
     seeds = v.get("SEEDS", "0").split(",")
     gpus = v.get("GPUS", "0").split(",")
     per = max(1, (os.cpu_count() or 2) // len(seeds))
-    root = Path(v.get("RUN", "runs/h200/grpo"))
+    root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
     procs = []
     for i, s in enumerate(seeds):
-        args = ["--run", root / f"seed{s}", "--from-run", v.get("FROM", "runs/h200"), "--target", v.get("TARGET", "20"),
+        args = ["--run", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")), "--target", v.get("TARGET", "20"),
                 "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim"), "--no-eval-first"]
         for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
                           ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
@@ -147,6 +159,8 @@ def phase_grpo(v: dict, env: dict) -> None:
 
 def phase_wm(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+    if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
+        stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
     if not list(Path(run, "demos").glob("*.hdf5")):
         stage("wm_demos", "collect_demos.py", ["--workers", w, "--out", f"{run}/demos", "--episodes",
                                                v.get("EPISODES", "20"), "--frame-interval", "0", "--no-progress"], env)
@@ -218,9 +232,11 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in (*PHASES, "wait"):
-        sys.exit(f"usage: python3 bench/gpu.py {{{'|'.join(PHASES)}|wait}} NAME=VALUE ...")
+    if not argv or not (argv[0] == "wait" or all(p in PHASES for p in argv[0].split("+"))):
+        sys.exit(f"usage: python3 bench/gpu.py {{{'|'.join(PHASES)}|wait}}[+PHASE...] NAME=VALUE ...")
+    global PROFILE
     phase, v = argv[0], variables(argv[1:])
+    PROFILE = v.get("PROFILE", "default")
     if phase == "wait":
         return wait(v)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -231,9 +247,10 @@ def main(argv: list[str]) -> None:
         print(f"[gpu] {phase} started in the background (pid {p.pid}); follow with: python3 bench/gpu.py wait")
         return
     env = prepare()
-    settings = {"phase": phase, "variables": v, "machine": machine(env)}
-    (OUT / f"{phase}_settings.json").write_text(json.dumps(settings, indent=2))
-    PHASES[phase](v, env)
+    info = machine(env)
+    for name in phase.split("+"):
+        (OUT / f"{name}_settings.json").write_text(json.dumps({"phase": name, "variables": v, "machine": info}, indent=2))
+        PHASES[name](v, env)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepSpeed and its pure-Python needs as wheels for a GPU server with torch but no package
 # index (the H200 host: Python 3.12). Carried with the run as .offline/wm312 (~6 MB) and
-# installed there by `bench/h200_session.sh wm` with pip --no-index --target.
+# installed there by `bench/prepare_gpu.sh` (called by `bench/gpu.py`) with pip --no-index --target.
 #   bash bench/make_wm_wheels.sh [OUT=.offline/wm312] [PYTHON_VERSION=3.12]
 set -euo pipefail
 out="${1:-.offline/wm312}"; py="${PYTHON_VERSION:-3.12}"
