@@ -68,7 +68,12 @@ help:
 	@echo "make build      the two images from the wheelhouse (IMAGES, BASE_IMAGE); make images: their status; make shell IMAGE=wm"
 	@echo "RUNTIME=docker make <target>   run the stages of any target inside the images"
 
+# The environments, then (locally) a rendering backend that works: tried once per machine; when
+# none renders, the Debian packages to install are named (installed here when run as root with apt).
 setup: $(SETUP_ENVS)
+ifeq ($(RUNTIME),local)
+	@PYTHONPATH=python .venv/train/bin/python -m wmrl.gl --install
+endif
 
 .venv/train/.lock.sha256: docker/train.lock scripts/setup_env.sh
 	scripts/setup_env.sh train 3.11 docker/train.lock
@@ -99,6 +104,7 @@ demo: setup
 	@echo "demo: GRPO curves in $(DEMO_RUN)/logs/grpo_curves.png (imagination) and $(DEMO_RUN)/control/logs/grpo_curves.png (simulator)"
 
 test: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
+	@PYTHONPATH=python .venv/train/bin/python -m wmrl.gl --install
 	@scripts/run_tests.sh $(TESTS)
 
 demos: setup

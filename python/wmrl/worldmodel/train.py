@@ -167,7 +167,8 @@ def export_weights(engine, out: Path, cfg: WorldModelConfig, stats: dict, meta: 
         state = engine.module.model.state_dict()
     if not is_rank0:
         return
-    model = FrameWorldModel(cfg)
+    with torch.random.fork_rng(devices=[]):  # building a module draws its init: keep training's RNG untouched
+        model = FrameWorldModel(cfg)
     model.load_state_dict({k.removeprefix("model."): v.detach().float().cpu() for k, v in state.items()})
     model.set_proprio_stats({k: v.float().cpu() for k, v in stats.items()})
     model.save_pretrained(out, meta=meta)
