@@ -57,14 +57,14 @@ def build(argv: list[str] | None = None):
         from wmrl.config import ConfigError
 
         raise ConfigError(f"--workers {args.workers}: use 0 (one per core) or a positive count")
-    from wmrl.rl.grpo import GRPOJob, default_command
+    from wmrl.rl.grpo import GRPOJob
 
     job = GRPOJob(run=Path(args.run), cfg=cfg, sim=sim, target=args.target, resume=args.resume,
                   pair=Path(args.pair) if args.pair else None, init_from=Path(args.from_run) if args.from_run else None,
                   eval_tasks=parse_tasks(args.eval_tasks) or prof.eval.tasks,
                   eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0, max_minutes=args.max_minutes,
                   envs_per_worker=args.envs_per_worker, device=args.device, profile=prof.name,
-                  progress=not args.no_progress, tensorboard=not args.no_tensorboard, command=default_command(argv))
+                  progress=not args.no_progress, tensorboard=not args.no_tensorboard, command=cli.command_line("python/grpo.py", argv))
     from wmrl.rl.grpo import find_start
 
     find_start(job)  # unknown or weights-only RESUME, TARGET not above it: said now, before anything loads
@@ -74,11 +74,7 @@ def build(argv: list[str] | None = None):
 def main(args, job) -> int:
     from wmrl.rl import grpo
 
-    if args.dry_run:
-        cli.print_plan("grpo", grpo.plan(job))
-        return 0
-    grpo.main(job)
-    return 0
+    return cli.plan_or_run("grpo", args.dry_run, lambda: grpo.plan(job), lambda: grpo.main(job))
 
 
 if __name__ == "__main__":

@@ -47,24 +47,20 @@ def build(argv: list[str] | None = None):
         from wmrl.config import ConfigError
 
         raise ConfigError(f"--stop-after {args.stop_after}: must be >= 1")
-    from wmrl.policy.train import SFTJob, default_command
+    from wmrl.policy.train import SFTJob
 
     run = Path(args.run)
     job = SFTJob(run=run, data=args.data or [str(run / "demos")], policy=policy, sft=sft, profile=prof.name,
                  tasks=parse_tasks(args.tasks), init=args.init, resume=args.resume, stop_after=args.stop_after,
                  device=args.device, progress=not args.no_progress, tensorboard=not args.no_tensorboard,
-                 command=default_command(argv))
+                 command=cli.command_line("python/sft.py", argv))
     return args, job
 
 
 def main(args, job) -> int:
     from wmrl.policy import train
 
-    if args.dry_run:
-        cli.print_plan("sft", train.plan(job))
-        return 0
-    train.main(job)
-    return 0
+    return cli.plan_or_run("sft", args.dry_run, lambda: train.plan(job), lambda: train.main(job))
 
 
 if __name__ == "__main__":

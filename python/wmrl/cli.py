@@ -103,6 +103,23 @@ def print_plan(title: str, plan: dict[str, Any]) -> None:
     print(json.dumps(plan, indent=2, default=str))
 
 
+def plan_or_run(title: str, dry_run: bool, plan: Callable[[], dict], run: Callable[[], Any]) -> int:
+    """``--dry-run``: print ``plan()`` and start nothing; else ``run()``."""
+    if dry_run:
+        print_plan(title, plan())
+    else:
+        run()
+    return 0
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """How to rerun this stage (recorded in ``latest_policy.json``)."""
+    import shlex
+
+    argv = sys.argv[1:] if argv is None else argv
+    return f"python {script} " + " ".join(shlex.quote(a) for a in argv)
+
+
 def run(main: Callable[[], int | None],
         extra_errors: Callable[[], tuple[type[BaseException], ...]] = tuple) -> None:
     """Call ``main``; turn the errors a user can fix (``expected_errors()`` and those

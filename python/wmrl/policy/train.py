@@ -13,17 +13,13 @@ Writes ``RUN/weights/sft/global_step_N/`` (``checkpoint``; GRPO's steps live in 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from wmrl import rng
 from wmrl.config import ConfigError, PolicyConfig, SFTConfig
@@ -398,8 +394,3 @@ def _init_path(init: str, run: Path) -> Path:
     if init.isdigit():
         return ck.resolve(run, int(init), KIND).path
     raise ck.CheckpointError(f"--init {init}: no such checkpoint folder (give RUN/weights/sft/global_step_N)")
-
-
-def default_command(argv: list[str] | None = None) -> str:
-    argv = sys.argv[1:] if argv is None else argv
-    return "python python/sft.py " + " ".join(shlex.quote(a) for a in argv)

@@ -502,12 +502,3 @@ class _NormView:
 
     def tensors(self, device=None) -> dict:
         return {k: v.to(device) if device is not None else v for k, v in self._t.items()}
-
-
-def default_command(argv: list[str] | None = None) -> str:
-    import shlex
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    return "python python/grpo.py " + " ".join(shlex.quote(a) for a in argv)
-

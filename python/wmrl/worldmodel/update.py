@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from wmrl.config import ConfigError
 from wmrl.fileio import read_json, write_json
