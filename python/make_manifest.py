@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):
@@ -33,7 +34,7 @@ def main(args) -> int:
     from wmrl.data.manifest import build_manifest
     from wmrl.data.trajectory import find_trajectory_files
 
-    out = Path(args.out or Path(args.run) / "manifest.json")
+    out = Path(args.out or RunLayout(args.run).manifest)
     files = {"new": [str(f) for f in find_trajectory_files(args.new)] if args.new else [],
              "replay": [str(f) for f in find_trajectory_files(args.replay)] if args.replay else []}
     if args.dry_run:

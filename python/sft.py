@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 from wmrl.config import SFTConfig, get_profile, override, parse_tasks, profile_names
 
 
@@ -50,7 +51,7 @@ def build(argv: list[str] | None = None):
     from wmrl.policy.train import SFTJob
 
     run = Path(args.run)
-    job = SFTJob(run=run, data=args.data or [str(run / "demos")], policy=policy, sft=sft, profile=prof.name,
+    job = SFTJob(run=run, data=args.data or [str(RunLayout(run).demos)], policy=policy, sft=sft, profile=prof.name,
                  tasks=parse_tasks(args.tasks), init=args.init, resume=args.resume, stop_after=args.stop_after,
                  device=args.device, progress=not args.no_progress, tensorboard=not args.no_tensorboard,
                  command=cli.command_line("python/sft.py", argv))

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 from wmrl.config import ConfigError
 
 
@@ -29,8 +30,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
-    args.pair = Path(args.pair or Path(args.run) / "model_pair")
-    args.manifest = Path(args.manifest or Path(args.run) / "manifest.json")
+    args.pair = Path(args.pair or RunLayout(args.run).model_pair)
+    args.manifest = Path(args.manifest or RunLayout(args.run).manifest)
     for path, how in ((args.pair / "pair.json", "make package"), (args.manifest, "make manifest")):
         if not path.is_file():
             raise ConfigError(f"{path} not found: make it first ({how} RUN={args.run})")

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 from wmrl.config import ConfigError, get_profile, override, profile_names
 
 
@@ -28,7 +29,7 @@ def build(argv: list[str] | None = None):
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    manifest = Path(args.manifest or Path(args.run) / "manifest.json")
+    manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
         raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}`")
     return args, manifest
@@ -36,7 +37,7 @@ def build(argv: list[str] | None = None):
 
 def main(args, manifest: Path) -> int:
     cfg = override(get_profile(args.profile).reward, steps=args.steps)
-    out = Path(args.run) / "worldmodels" / "reward"
+    out = RunLayout(args.run).reward
     if args.dry_run:
         cli.print_plan("reward model", {"manifest": manifest, "config": cfg, "out": out})
         return 0

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.layout import RunLayout
 from wmrl.config import VIEWS, ConfigError, WMTrainConfig, get_profile, profile_names
 
 
@@ -45,7 +46,7 @@ def build(argv: list[str] | None = None):
     args = p.parse_args(argv)
     prof = get_profile(args.profile).wm
     train = cli.config_from_flags(args, prof.train)
-    manifest = Path(args.manifest or Path(args.run) / "manifest.json")
+    manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
         raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}` "
                           "(python python/make_manifest.py --new ... --replay ...)")
@@ -59,7 +60,7 @@ def build(argv: list[str] | None = None):
 
 def _passthrough(args) -> list[str]:
     """The flags each view's process gets from the controller (every training field given)."""
-    out = ["--profile", args.profile, "--run", args.run, "--manifest", str(args.manifest or Path(args.run) / "manifest.json")]
+    out = ["--profile", args.profile, "--run", args.run, "--manifest", str(args.manifest or RunLayout(args.run).manifest)]
     for f in dataclasses.fields(WMTrainConfig):
         val = getattr(args, f.name, None)
         if val is not None:
