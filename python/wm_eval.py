@@ -4,7 +4,9 @@
     python python/wm_eval.py --pair runs/c1/model_pair --episodes 20 --videos 4
 
 PSNR / SSIM per view after 1, 5, 10, 20 chunks, the reward model's accuracy on real and on
-imagined frames, and real-vs-imagined MP4s; written to PAIR/fidelity.json and PAIR/videos/.
+imagined frames, agreement with the simulator on whole episodes (replayed actions: does the
+imagined episode succeed when the real one did, and when), and real-vs-imagined MP4s; written
+to PAIR/fidelity.json and PAIR/videos/.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def build(argv: list[str] | None = None):
     p.add_argument("--pair", help="model pair folder (default RUN/model_pair)")
     p.add_argument("--manifest", help="held-out episodes from this manifest's validation split (default RUN/manifest.json)")
     p.add_argument("--episodes", type=int, default=50, help="validation episodes to imagine (at most)")
-    p.add_argument("--horizon", type=int, default=20, help="chunks per open-loop rollout")
+    p.add_argument("--horizon", type=int, default=30, help="chunks per open-loop rollout (30: a whole 240-step episode)")
     p.add_argument("--videos", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -48,7 +50,7 @@ def main(args) -> int:
     from wmrl.fileio import write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import load_split
-    from wmrl.worldmodel.fidelity import metrics, open_loop, write_videos
+    from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop, write_videos
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.reward import RewardModel
 
@@ -63,10 +65,10 @@ def main(args) -> int:
     val = val[: args.episodes]
     roll = open_loop(main_m, wrist_m, val, args.horizon, seed=args.seed, device=device)
     result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
-              **metrics(roll, reward)}
+              **metrics(roll, reward), "agreement": episode_agreement(roll, reward)}
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
     write_json(pair.root / "fidelity.json", result)
-    print(json.dumps({k: result[k] for k in ("horizons", "reward") if k in result}, indent=1))
+    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement") if k in result}, indent=1))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")
     return 0
 

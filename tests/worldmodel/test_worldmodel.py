@@ -243,6 +243,43 @@ def test_static_baseline_is_the_start_frame_held():
     assert row["psnr_main_static"] < 15 and row["ssim_wrist_static"] < 0.5  # unrelated noise frames
 
 
+def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fail():
+    """Constructed cases with known answers: imagined frames that copy the real ones, judged by a
+    reward that reads the success mark, agree with the simulator on every episode (1.0, timing 0);
+    a reward that never says success scores 0.5 balanced."""
+    from wmrl.worldmodel.fidelity import episode_agreement
+
+    real = torch.full((4, 7, 3, 8, 8), -1.0)
+    success = [torch.zeros(7, dtype=torch.bool) for _ in range(4)]
+    valid = torch.ones(4, 7, dtype=torch.bool)
+    for ep, at in ((0, 3), (2, 5)):  # episodes 0 and 2 succeed (and end) there; 1 and 3 fail
+        real[ep, at, :, 0, 0] = 1.0  # the mark a success frame carries
+        success[ep][at] = True
+        valid[ep, at + 1:] = False
+
+    class Mark:  # success = the marked pixel
+        @staticmethod
+        def success(frames):
+            return frames[:, 0, 0, 0] > 0
+
+    roll = {"real": {"main": real, "wrist": real}, "imagined": {"main": real.clone(), "wrist": real}, "valid": valid,
+            "success": success, "steps": 6, "episodes": 4}
+    a = episode_agreement(roll, Mark)
+    assert a["balanced_accuracy"] == 1.0 and a["timing_error_chunks"] == 0.0 and a["real_successes"] == 2
+    assert a["confusion"] == {"both_success": 2, "only_real": 0, "only_imagined": 0, "both_failure": 2}
+
+    class Never:
+        @staticmethod
+        def success(frames):
+            return torch.zeros(len(frames), dtype=torch.bool)
+
+    b = episode_agreement(roll, Never)
+    assert b["balanced_accuracy"] == 0.5 and b["accuracy"] == 0.5 and b["timing_error_chunks"] is None
+    late = {**roll, "imagined": {"main": real.roll(1, dims=1), "wrist": real}}  # success imagined one chunk late
+    late["valid"] = torch.ones(4, 7, dtype=torch.bool)
+    assert episode_agreement(late, Mark)["timing_error_chunks"] == 1.0
+
+
 def test_psnr_and_ssim_of_identical_and_noisy_images():
     from wmrl.worldmodel.fidelity import psnr, ssim
 

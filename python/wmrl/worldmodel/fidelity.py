@@ -12,6 +12,11 @@ history and the predicted proprio. Compared with the real frames at the same chu
 * the reward model's accuracy on the real frames and on the imagined ones (agreement with
   the simulator's per-frame success), with balanced accuracy too: success frames are few, so
   "never success" alone scores ~93% plain accuracy;
+* agreement with the simulator on whole episodes (``episode_agreement``): does the reward
+  model, reading the frames imagined with an episode's real actions, call the episode a
+  success when the simulator did, and at which chunk? Balanced accuracy of episode success
+  (failures are common in a policy's data, successes in demonstrations) and the timing error.
+  This is the figure that decides whether GRPO in imagination can work;
 * a video per episode: real | imagined, main view then wrist view.
 
 Results go to ``fidelity.json`` next to ``pair.json``.
@@ -118,6 +123,31 @@ def metrics(roll: dict, reward=None) -> dict:
                          "balanced_accuracy_imagined": _round(balanced_accuracy(pi, labels)),
                          "real_vs_imagined_agreement": round(float((pi == pr).float().mean()), 4)}
     return out
+
+
+def episode_agreement(roll: dict, reward) -> dict:
+    """Episode-level success in imagination against the simulator's, for the rollouts of
+    ``open_loop`` (real actions from the real start): success-once over the valid imagined
+    frames, as GRPO's imagined environment judges it; timing error in chunks where both say
+    success."""
+    valid = roll["valid"]
+    labels = torch.stack(roll["success"]).bool() & valid
+    e = labels.shape[0]
+    said = torch.zeros_like(labels)
+    frames = roll["imagined"]["main"]
+    for i in range(e):
+        said[i] = reward.success(frames[i]).cpu() & valid[i]
+    said[:, 0] = False  # the start is a real frame, not imagined
+    real, imag = labels.any(1), said.any(1)
+    first = lambda m: torch.where(m.any(1), m.float().argmax(1), torch.full((e,), -1.0))  # noqa: E731
+    both = real & imag
+    timing = (first(said) - first(labels))[both].abs()
+    return {"episodes": e, "real_successes": int(real.sum()), "imagined_successes": int(imag.sum()),
+            "balanced_accuracy": _round(balanced_accuracy(imag, real)),
+            "accuracy": round(float((imag == real).float().mean()), 4),
+            "confusion": {"both_success": int(both.sum()), "only_real": int((real & ~imag).sum()),
+                          "only_imagined": int((~real & imag).sum()), "both_failure": int((~real & ~imag).sum())},
+            "timing_error_chunks": round(float(timing.mean()), 2) if len(timing) else None}
 
 
 def _round(x: float | None) -> float | None:
