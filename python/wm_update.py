@@ -98,7 +98,9 @@ def main(args, prof, train, manifest) -> int:
         if args.device == "cuda" and visible == 0:
             raise ConfigError("--device cuda: no GPU is visible")
     g_main, g_wrist = gpu_groups(visible, args.gpus_main, args.gpus_wrist)
-    base = int(os.environ.get("MASTER_PORT", "29600"))
+    from wmrl.device import free_port
+
+    base = int(os.environ.get("MASTER_PORT") or free_port(2))  # one port per view's process group
     me = str(Path(__file__).resolve())  # each view's process runs this script with --view
     launches = [ViewLaunch("main", g_main, base, _passthrough(args), me),
                 ViewLaunch("wrist", g_wrist, base + 1, _passthrough(args), me)]

@@ -19,3 +19,24 @@ def pick_device(device: str = "auto", local_rank: int = 0):
     elif device != "cpu":
         raise ConfigError(f"device {device!r}: use auto, cpu, cuda or cuda:N")
     return torch.device(device)
+
+
+def free_port(count: int = 1) -> int:
+    """A local TCP port (the first of ``count`` consecutive ones) that nothing listens on now:
+    for process groups, instead of fixed ports that another job may hold."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for p in range(base + 1, base + count):
+                with socket.socket() as other:
+                    other.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise OSError("no free local TCP port found")

@@ -15,10 +15,15 @@ deepspeed = pytest.importorskip("deepspeed")
 
 @pytest.fixture(scope="module")
 def dist():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    from wmrl.device import free_port
+
+    saved = dict(os.environ)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     deepspeed.init_distributed(dist_backend="gloo")
     yield
     torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _engine(zero_stage):

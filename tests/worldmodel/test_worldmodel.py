@@ -110,6 +110,8 @@ def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
 
 def _wm(args, run, env_extra=None, check=True):
     env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):  # each run takes a free port of its own
+        env.pop(k, None)
     env.update(env_extra or {})
     r = subprocess.run([sys.executable, str(REPO / "python" / "wm_update.py"), "--profile", "tiny", "--run", str(run),
                         "--no-progress", *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
@@ -133,13 +135,12 @@ def _clone(src: Path, dst: Path) -> Path:
 
 def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
     straight = _clone(manifest_run, manifest_run.parent / "straight")
-    _wm(["--view", "main", "--steps", "6"],
-        straight, {"MASTER_PORT": "29641"})
+    _wm(["--view", "main", "--steps", "6"], straight)
     split = _clone(manifest_run, manifest_run.parent / "split")
-    _wm(["--view", "main", "--steps", "6", "--stop-after", "3"], split, {"MASTER_PORT": "29642"})
+    _wm(["--view", "main", "--steps", "6", "--stop-after", "3"], split)
     status = json.loads((split / "worldmodels/main/status.json").read_text())
     assert status["step"] == 3 and (split / "worldmodels/main/deepspeed/global_step3").is_dir()
-    _wm(["--view", "main", "--steps", "6"], split, {"MASTER_PORT": "29643"})
+    _wm(["--view", "main", "--steps", "6"], split)
     from safetensors.torch import load_file
 
     a = load_file(straight / "worldmodels/main/global_step_6/model.safetensors")
@@ -157,7 +158,7 @@ def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
 @pytest.fixture(scope="module")
 def updated_run(manifest_run):
     run = _clone(manifest_run, manifest_run.parent / "both")
-    r = _wm(["--steps", "4", "--device", "cpu"], run, {"MASTER_PORT": "29650"})
+    r = _wm(["--steps", "4", "--device", "cpu"], run)
     return run, r.stdout
 
 
@@ -169,13 +170,13 @@ def test_both_views_with_the_stop_rule_write_the_selection(updated_run):
     for v in ("main", "wrist"):
         assert (Path(sel[v]["weights"]) / "model.safetensors").is_file()
     assert "wrist reached its target" in stdout
-    again = _wm(["--steps", "4", "--device", "cpu"], run, {"MASTER_PORT": "29652"})
+    again = _wm(["--steps", "4", "--device", "cpu"], run)
     assert "finished" in again.stdout  # a finished update is left alone
 
 
 def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     run = _clone(manifest_run, manifest_run.parent / "timed")
-    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu"], run, {"MASTER_PORT": "29660"})
+    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu"], run)
     sel = json.loads((run / "train/selected_world_models.json").read_text())
     assert sel["wrist"]["reason"] == "stop requested" and 1 <= sel["wrist"]["step"] < 1000
     assert sel["main"]["reason"] == "stop requested" and sel["time_limit_s"] == pytest.approx(0.06)
@@ -187,6 +188,8 @@ def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
 
 def _py(script, *args, check=True):
     env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):  # not the port an in-process group of this pytest holds
+        env.pop(k, None)
     r = subprocess.run([sys.executable, str(REPO / "python" / script), *args], capture_output=True, text=True, env=env,
                        timeout=600, cwd=REPO)
     if check:
@@ -361,5 +364,5 @@ def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(man
     assert r.stdout.count("[wm main] step 3") == 1  # rank 0 reports
     state = json.loads((run / "worldmodels/main/deepspeed/wmrl_state.json").read_text())
     assert state == {"step": 3, "world_size": 2, "tag": "global_step3"}
-    again = _wm(["--view", "main", "--steps", "6"], run, {"MASTER_PORT": "29661"}, check=False)
+    again = _wm(["--view", "main", "--steps", "6"], run, check=False)
     assert again.returncode == 2 and "saved by 2 process(es), this run has 1" in again.stderr

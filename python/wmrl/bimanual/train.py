@@ -291,11 +291,9 @@ def _init_deepspeed(cfg: StageConfig):
     import deepspeed
 
     if "MASTER_PORT" not in os.environ:  # a plain one-process call: any free local port
-        import socket
+        from wmrl.device import free_port
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(free_port())
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(k, v)
     if not torch.distributed.is_initialized():

@@ -34,6 +34,7 @@ from wmrl import rng
 from wmrl.config import ConfigError
 from wmrl.fileio import sha256_file, write_json
 from wmrl.layout import RunLayout, step_name
+from wmrl.device import free_port
 from wmrl.logs import MetricsLog
 from wmrl.config import WMTrainConfig, WorldModelConfig
 
@@ -97,7 +98,7 @@ def init_distributed(on_gpu: bool) -> tuple[int, int]:
 
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + (os.getpid() % 1000))))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
