@@ -5,8 +5,8 @@
 
 A saved folder holds ``model.safetensors`` (float32 weights), any extra files the caller
 writes (statistics, a language cache, a training state) and ``config.json``: the format, the
-model's config dataclass under ``CONFIG_KEY``, the caller's metadata and the SHA-256 of every
-other file. The folder is written under a hidden temporary name and renamed into place when
+model's config dataclass under ``CONFIG_KEY``, the caller's metadata, the SHA-256 of every
+other file, and ``config_sha256``, the hash of its own content. The folder is written under a hidden temporary name and renamed into place when
 complete (an existing folder of the same name is replaced whole), so a killed run never
 leaves half a model under a real name. Loading checks, before any weight is used: the format,
 every file's hash, the config, and every tensor's name, shape and finiteness; each failure is
@@ -44,10 +44,11 @@ def config_from_dict(cls, d: dict, where: str):
         raise PretrainedError(f"{where}: invalid {cls.__name__} ({e})") from None
 
 
-def verify_files(folder: Path, files: dict[str, str], skip: tuple[str, ...] = ()) -> None:
-    """Every file listed in a config's ``files`` (but ``skip``, files the caller does not read)
-    exists and has its recorded SHA-256."""
-    for name, digest in files.items():
+def verify_files(folder: Path, meta: dict, skip: tuple[str, ...] = ()) -> None:
+    """config.json matches its own ``config_sha256``, and every file its ``files`` lists (but
+    ``skip``, files the caller does not read) exists and has its recorded SHA-256."""
+    check_content_hash(meta, folder / CONFIG_FILE)
+    for name, digest in meta.get("files", {}).items():
         if name in skip:
             continue
         f = folder / name
@@ -88,6 +89,21 @@ def read_weights(path: Path, expected: dict[str, tuple]) -> dict:
     return {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
 
 
+def content_hash(meta: dict) -> str:
+    """SHA-256 of a config's content (canonical JSON, without this hash): config.json guards itself."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in meta.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_content_hash(meta: dict, where: Path) -> None:
+    if "config_sha256" in meta and meta["config_sha256"] != content_hash(meta):
+        raise PretrainedError(f"{where}: changed since it was written (its content no longer matches its config_sha256); "
+                              "the file is damaged or was edited - copy it again or use another checkpoint")
+
+
 def write_folder(final: Path, write: Callable[[Path], None], meta: dict) -> Path:
     """Write a folder atomically: ``write(tmp)`` fills it, then ``config.json`` (``meta`` plus
     every file's SHA-256 under ``files``) goes in last and the folder is renamed into place."""
@@ -100,7 +116,8 @@ def write_folder(final: Path, write: Callable[[Path], None], meta: dict) -> Path
     try:
         write(tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.name != CONFIG_FILE}
-        write_json(tmp / CONFIG_FILE, {**meta, "files": files})
+        body = {**meta, "files": files}
+        write_json(tmp / CONFIG_FILE, {**body, "config_sha256": content_hash(body)})
         for p in tmp.iterdir():
             os.chmod(p, 0o644)
         os.chmod(tmp, 0o755)
@@ -185,7 +202,7 @@ class Pretrained:
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         weights = read_weights(folder / MODEL_FILE, expected)
         if verify:
-            verify_files(folder, meta.get("files", {}))
+            verify_files(folder, meta)
         model.load_state_dict(weights)
         model.saved_meta = meta
         return model.to(device).eval()

@@ -206,7 +206,7 @@ def load_checkpoint(path: str | os.PathLike, *, expect: PolicyConfig | None = No
         raise CheckpointError(f"checkpoint {path.name}: {e}") from None
     weights = check_weights(path / MODEL_FILE, cfg)
     if verify_hashes:  # after the checks that say more precisely what is wrong; the state only where read
-        verify_files(path, meta.get("files", {}), skip=() if need_full else (STATE_FILE,))
+        verify_files(path, meta, skip=() if need_full else (STATE_FILE,))
     state = None
     if need_full:
         import pickle

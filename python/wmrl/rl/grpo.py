@@ -15,11 +15,13 @@ Read top to bottom; one GRPO step is
     4. update    for every kept chunk, the log-density of its stored chain is recomputed
                  under the current parameters (all K transitions in one batched pass); per
                  action element (chunk position x action dimension) the ratio
-                 exp(log p_new - log p_old), log p averaged over the K transitions (RLinf's
-                 joint log-probability), enters the PPO-clipped surrogate
-                 -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over elements; optional KL
-                 to the policy GRPO started from (k3 estimator, off by default); gradient
-                 clipping; ``epochs`` x ``minibatches`` optimizer steps
+                 exp(log p_new - log p_old), log p summed over the K transitions (the joint
+                 density of the element's chain), enters the PPO-clipped surrogate
+                 -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over a chunk's elements and
+                 then over rollouts (each rollout weighs the same); optional KL to the policy
+                 GRPO started from (k3 estimator, off by default); gradient clipping;
+                 ``epochs`` x ``minibatches`` optimizer steps, stopped early once the
+                 approximate KL passes ``target_kl``
 
 and the cadence of the original (seed 000): every ``eval_interval`` (5) steps the policy's
 weights are saved and evaluated in the real simulator on the fixed initial states
@@ -193,45 +195,57 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float) ->
 
 
 def clipped_surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor, clip_low: float,
-                      clip_high: float) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped objective per action element: -min(r A, clip(r, 1 - low, 1 + high) A),
-    averaged; ``new_lp``/``old_lp`` (B, chunk, A), ``adv`` (B,). A ratio outside the band on the
-    side the advantage pushes gets no gradient."""
+                      clip_high: float, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped objective per action element: -min(r A, clip(r, 1 - low, 1 + high) A);
+    ``new_lp``/``old_lp`` (B, chunk, A), ``adv`` (B,). Averaged over a chunk's elements, then over
+    chunks with ``weights`` (B,) (equal by default). A ratio outside the band on the side the
+    advantage pushes gets no gradient."""
     log_ratio = new_lp - old_lp
     ratio = torch.exp(log_ratio)
     a = adv[:, None, None]
-    loss = -torch.minimum(ratio * a, ratio.clamp(1 - clip_low, 1 + clip_high) * a).mean()
+    per_chunk = -torch.minimum(ratio * a, ratio.clamp(1 - clip_low, 1 + clip_high) * a).mean(dim=(1, 2))
+    w = torch.ones_like(per_chunk) if weights is None else weights.to(per_chunk.dtype)
+    loss = (per_chunk * w).sum() / w.sum()
     with torch.no_grad():
         clipped = ((ratio > 1 + clip_high) & (a > 0)) | ((ratio < 1 - clip_low) & (a < 0))
         stats = {"clip_fraction": float(clipped.float().mean()),
-                 "approx_kl": float(((ratio - 1) - log_ratio).mean()),  # k3 estimator of KL(old || new)
+                 "approx_kl": float(((ratio - 1) - log_ratio).mean()),  # k3 estimator of KL(old || new) per element
                  "ratio_max": float(ratio.max())}
     return loss, stats
 
 
+def reduce_steps(step_lp: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, K, chunk, A) log-densities of the K transitions -> one per element (B, chunk, A)."""
+    return step_lp.sum(dim=1) if how == "sum" else step_lp.mean(dim=1)
+
+
 def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
-    """log p of the stored chains of rows ``idx`` under ``model``: (b, chunk, A), averaged over
-    the K denoising transitions."""
+    """log p of the stored chains of rows ``idx`` under ``model``: (b, chunk, A), the K denoising
+    transitions reduced by ``cfg.logprob_reduce``."""
     from wmrl.policy.sampling import chain_log_prob
 
     prefix = encode(model, norm, lang, batch["main"][idx], batch["wrist"][idx], batch["proprio"][idx],
                     [batch["instructions"][i] for i in idx.tolist()])
     lp = chain_log_prob(model, prefix, batch["chain"][idx], cfg.noise_level, temperature=cfg.temperature,
                         elementwise=True)
-    return lp.mean(dim=1)
+    return reduce_steps(lp, cfg.logprob_reduce)
 
 
 def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm, lang, autocast, step: int,
            ref_model=None) -> dict:
-    """PPO-clipped GRPO update on the chunks whose rollout has a non-zero advantage."""
+    """PPO-clipped GRPO update on the chunks whose rollout has a non-zero advantage; stops the
+    step's update early once the approximate KL passes ``cfg.target_kl``."""
     from wmrl.rl.envs import derived_seed
 
     sample_adv = adv[batch["rollout"]]
     keep = torch.nonzero(sample_adv != 0).flatten()
     stats = {"update_chunks": int(len(keep)), "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0,
-             "kl_ref": 0.0, "optimizer_steps": 0}
+             "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False}
     if len(keep) == 0:
         return stats  # no group carried a signal: no update
+    # "sequence": a chunk weighs 1 / (chunks of its rollout), so every rollout counts the same
+    counts = torch.bincount(batch["rollout"]).float()
+    weights = 1.0 / counts[batch["rollout"]] if cfg.loss_agg == "sequence" else torch.ones_like(sample_adv)
     g = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 0x0D))  # minibatch order
     n_mb = min(cfg.minibatches, len(keep))
     sums: dict[str, float] = {}
@@ -242,7 +256,7 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
             with autocast:
                 new_lp = element_log_prob(model, norm, lang, batch, idx, cfg)
                 loss, st = clipped_surrogate(new_lp.float(), batch["old_lp"][idx], sample_adv[idx], cfg.clip_low,
-                                             cfg.clip_high)
+                                             cfg.clip_high, weights[idx])
                 if cfg.kl_coef > 0 and ref_model is not None:
                     with torch.no_grad():
                         ref_lp = element_log_prob(ref_model, norm, lang, batch, idx, cfg).float()
@@ -250,6 +264,9 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
                     kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
                     loss = loss + cfg.kl_coef * kl
                     st["kl_ref"] = float(kl)
+            if cfg.target_kl > 0 and st["approx_kl"] > cfg.target_kl and stats["optimizer_steps"] > 0:
+                stats["early_stop"] = True  # the policy has moved far enough from the one that acted
+                break
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
@@ -258,9 +275,74 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
             for k, v in st.items():
                 sums[k] = sums.get(k, 0.0) + v
             stats["optimizer_steps"] += 1
+        if stats["early_stop"]:
+            break
     for k, v in sums.items():  # means over the optimizer steps
         stats[k] = v / stats["optimizer_steps"]
     return stats
+
+
+# =========================================================================== one step
+@dataclass
+class Learner:
+    """What a GRPO step changes or reads: the policy, its optimizer and statistics."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    norm: dict  # the normalisation tensors on the policy's device
+    lang: object  # LanguageCache
+    cfg: GRPOConfig
+    device: torch.device
+    autocast: object
+    ref_model: torch.nn.Module | None = None
+
+
+def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tensor]:
+    """One GRPO step in ``env``: rollouts -> advantages -> the clipped update. Returns the log
+    record, the outcomes and the advantages."""
+    from wmrl.policy.runner import to_controller
+    from wmrl.policy.sampling import sde_sample
+
+    L, cfg = learner, learner.cfg
+    k, chunk, adim = L.model.cfg.denoise_steps, L.model.cfg.chunk_size, L.model.cfg.action_dim
+    buf = Rollouts()
+    L.model.eval()
+
+    def act(obs):  # the policy acts wherever observations are ready; chains are kept
+        with torch.no_grad(), L.autocast:
+            prefix = encode(L.model, L.norm, L.lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
+            x0, eps = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, L.device)
+            s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps)
+        buf.add(obs, s.chain, reduce_steps(s.element_log_probs, cfg.logprob_reduce))
+        return to_controller(s.actions * L.norm["a_s"] + L.norm["a_c"], L.model.cfg.gripper_deadband)
+
+    t0 = time.perf_counter()
+    starts = env.starts(step)
+    outcomes = env.run(starts, cfg.group_size, act)
+    rollout_s = time.perf_counter() - t0
+
+    # advantages: success against the group's mean
+    rewards = torch.tensor([float(o.success) for o in outcomes], device=L.device)
+    groups = torch.tensor([o.group for o in outcomes], device=L.device)
+    adv, skipped = group_advantages(rewards, groups, cfg.adv_eps)
+
+    # the PPO-clipped update
+    t1 = time.perf_counter()
+    ust = update(L.model, L.opt, buf.tensors(), adv, cfg, norm=L.norm, lang=L.lang, autocast=L.autocast, step=step,
+                 ref_model=L.ref_model)
+    update_s = time.perf_counter() - t1
+
+    env_steps = sum(o.steps for o in outcomes)
+    rec = {"step": step, "rollout_success": float(rewards.mean()), "mean_reward": float(rewards.mean()),
+           "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes), "chunks": buf.chunks,
+           "env_steps": env_steps, "rollout_s": round(rollout_s, 2), "update_s": round(update_s, 2),
+           "env_steps_per_s": round(env_steps / max(rollout_s, 1e-9), 1),
+           "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
+           "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}
+    if not math.isfinite(rec["loss"]):
+        raise FloatingPointError(f"GRPO loss is {rec['loss']} at step {step}; lower --lr (rerunning resumes from the "
+                                 "last full state)")
+    return rec, outcomes, adv
 
 
 # =========================================================================== the loop
@@ -269,8 +351,6 @@ def main(job: GRPOJob) -> dict:
 
     from wmrl.device import pick_device
     from wmrl.logs import MetricsLog
-    from wmrl.policy.runner import to_controller
-    from wmrl.policy.sampling import sde_sample
     from wmrl.rl.envs import ImaginedEnv, SimEnv
 
     cfg, layout = job.cfg, RunLayout(job.run)
@@ -353,52 +433,13 @@ def main(job: GRPOJob) -> dict:
         # ---- 2. GRPO steps
         bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step", disable=not job.progress,
                    dynamic_ncols=True)
-        k, chunk, adim = model.cfg.denoise_steps, model.cfg.chunk_size, model.cfg.action_dim
         deadline = None if job.max_minutes is None else time.monotonic() + 60 * job.max_minutes
+        learner = Learner(model, opt, norm, lang, cfg, device, autocast, ref_model)
         for step in range(start + 1, job.target + 1):
-            # rollouts: the policy acts wherever observations are ready; chains are kept
-            buf = Rollouts()
-            model.eval()
-
-            def act(obs):
-                with torch.no_grad(), autocast:
-                    prefix = encode(model, norm, lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
-                    x0, eps = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, device)
-                    s = sde_sample(model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0,
-                                   step_noise=eps)
-                buf.add(obs, s.chain, s.element_log_probs.mean(dim=1))
-                return to_controller(s.actions * norm["a_s"] + norm["a_c"], model.cfg.gripper_deadband)
-
-            t0 = time.perf_counter()
-            starts = env.starts(step)
-            outcomes = env.run(starts, cfg.group_size, act)
-            rollout_s = time.perf_counter() - t0
-
-            # advantages: success vs the group's mean
-            rewards = torch.tensor([float(o.success) for o in outcomes], device=device)
-            groups = torch.tensor([o.group for o in outcomes], device=device)
-            adv, skipped = group_advantages(rewards, groups, cfg.adv_eps)
-
-            # the PPO-clipped update
-            t1 = time.perf_counter()
-            batch = buf.tensors()
-            ust = update(model, opt, batch, adv, cfg, norm=norm, lang=lang, autocast=autocast, step=step,
-                         ref_model=ref_model)
-            update_s = time.perf_counter() - t1
-
-            sim_steps = sum(o.steps for o in outcomes)
-            rec = {"step": step, "rollout_success": float(rewards.mean()), "mean_reward": float(rewards.mean()),
-                   "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes),
-                   "chunks": buf.chunks, "env_steps": sim_steps, "rollout_s": round(rollout_s, 2),
-                   "update_s": round(update_s, 2), "env_steps_per_s": round(sim_steps / max(rollout_s, 1e-9), 1),
-                   "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
-                   "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}
-            if not math.isfinite(rec["loss"]):
-                raise FloatingPointError(f"GRPO loss is {rec['loss']} at step {step}; lower --lr (rerunning resumes "
-                                         "from the last full state)")
+            rec, outcomes, adv = train_step(learner, env, step)
             metrics.write(rec)
             rollout_log.write({"step": step, "outcomes": [asdict(o) for o in outcomes], "advantages": adv.tolist()})
-            bar.set_postfix(success=f"{rec['rollout_success']:.2f}", skipped=f"{skipped}/{len(starts)}")
+            bar.set_postfix(success=f"{rec['rollout_success']:.2f}", skipped=f"{rec['skipped_groups']}/{rec['groups']}")
             bar.update(1)
 
             # the original's cadence: weights + real evaluation every 5, the full state every 10 and at the end
