@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+from wmrl.layout import RunLayout  # noqa: E402  (standard library only: fine before the environment is ready)
+
 PROFILE = "default"
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
 PY = os.environ.get("PYTHON", sys.executable)  # the interpreter of the stages
@@ -115,11 +118,12 @@ def pack(run: Path, name: str) -> None:
 # ----------------------------------------------------------------------------------- phases
 def phase_learn(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
-    if stage("demos", "collect_demos.py", ["--workers", w, "--out", f"{run}/demos", "--no-progress",
+    demos = RunLayout(run).demos
+    if stage("demos", "collect_demos.py", ["--workers", w, "--out", demos, "--no-progress",
                                             *(["--episodes", v["EPISODES"]] if "EPISODES" in v else []),
                                             *shlex.split(v.get("DEMO_ARGS", ""))], env):
         sys.exit(1)
-    stage("sft", "sft.py", ["--run", run, "--data", f"{run}/demos", "--steps", v.get("STEPS", "4000"), "--no-progress",
+    stage("sft", "sft.py", ["--run", run, "--data", demos, "--steps", v.get("STEPS", "4000"), "--no-progress",
                             "--no-tensorboard"], env)
     pack(Path(run), "learn")
 
@@ -161,13 +165,14 @@ def phase_wm(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
     if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
         stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
-    if not list(Path(run, "demos").glob("*.hdf5")):
-        stage("wm_demos", "collect_demos.py", ["--workers", w, "--out", f"{run}/demos", "--episodes",
+    layout = RunLayout(run)
+    if not list(layout.demos.glob("*.hdf5")):
+        stage("wm_demos", "collect_demos.py", ["--workers", w, "--out", layout.demos, "--episodes",
                                                v.get("EPISODES", "20"), "--frame-interval", "0", "--no-progress"], env)
-    if not Path(run, "manifest.json").exists():
-        stage("manifest", "make_manifest.py", ["--run", run, "--replay", f"{run}/demos",
+    if not layout.manifest.exists():
+        stage("manifest", "make_manifest.py", ["--run", run, "--replay", layout.demos,
                                                *(["--new", v["NEW"]] if "NEW" in v else [])], env)
-    reward = None if Path(run, "worldmodels/reward/config.json").exists() else \
+    reward = None if (layout.reward / "config.json").exists() else \
         stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress"], env, background=True)
     args = ["--run", run, "--steps", v.get("STEPS", "400"), "--micro-batch", v.get("MICRO", "16"), "--grad-accum",
             v.get("ACCUM", "4"), "--save-interval", "100", "--no-progress",

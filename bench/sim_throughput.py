@@ -33,10 +33,9 @@ def _init(barrier) -> None:
 def _worker(args):
     size, steps, render, task, seed, profile, physics = args
     import numpy as np
-
     from wmrl.config import SimConfig
-    from wmrl.sim.env import SpatialEnv
     from wmrl.gl import configure_renderer
+    from wmrl.sim.env import SpatialEnv
 
     configure_renderer()
     cfg = SimConfig(image_size=size, max_steps=steps, render_profile=profile, physics=physics)
@@ -66,8 +65,8 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    from wmrl.sim.env import simulator_versions
     from wmrl.gl import choose_backend
+    from wmrl.sim.env import simulator_versions
 
     return {"host": platform.node(), "cores": os.cpu_count(), "cpu": model, "renderer": choose_backend(),
             "python": platform.python_version(), **simulator_versions()}

@@ -74,7 +74,6 @@ def flops_per_sample(model, cfg, device) -> float:
 def bench_training(prof, args, device) -> dict:
     import deepspeed
     import torch
-
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.train import Objective, ds_config, init_distributed
 
@@ -113,7 +112,6 @@ def bench_training(prof, args, device) -> dict:
 
 def bench_imagination(prof, args, device) -> dict:
     import torch
-
     from wmrl.worldmodel.model import FrameWorldModel
 
     main, wrist = FrameWorldModel(prof.main).to(device).eval(), FrameWorldModel(prof.wrist).to(device).eval()
@@ -151,7 +149,6 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     import torch
-
     from wmrl.config import get_wm_profile
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

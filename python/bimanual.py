@@ -40,9 +40,9 @@ def _print(obj) -> None:
 
 
 def cmd_bundle(a) -> int:
-    from wmrl.bimanual.config import BUNDLE_PROFILES
+    from wmrl.config import get_profile
 
-    cfg = BUNDLE_PROFILES[a.profile]
+    cfg = get_profile(a.profile).bimanual
     over = {"episodes_per_task": a.episodes, "seed": a.seed, "image_size": a.image_size,
             "tasks": tuple(a.tasks.split(",")) if a.tasks else None, "libero_episodes": a.libero_episodes}
     try:

@@ -14,21 +14,17 @@ import json
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import Profile, get_profile, override, parse_tasks
+from wmrl.config import DemoConfig, Profile, get_profile, override, parse_tasks
 
 
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, help="successful demonstrations per task (default 50)")
-    p.add_argument("--frame-interval", type=int,
-                   help="record the cameras every N steps (1: every step; 0: chunk boundaries only; default: profile's)")
-    p.add_argument("--action-noise", type=float,
-                   help="DART: std of noise on the executed arm actions, clean ones stored as labels (default 0: off)")
+    cli.add_config_flags(p, DemoConfig, title="demonstrations", skip=("tasks", "workers", "seed"))
     cli.add_common(p)
     args = p.parse_args(argv)
     prof = get_profile(args.profile)
-    demos = override(prof.demos, tasks=parse_tasks(args.tasks), episodes=args.episodes, workers=args.workers,
-                     seed=args.seed, frame_interval=args.frame_interval, action_noise=args.action_noise)
+    demos = override(cli.config_from_flags(args, prof.demos), tasks=parse_tasks(args.tasks), workers=args.workers,
+                     seed=args.seed)
     return args, override(prof, sim=cli.sim_config(args, prof.sim), demos=demos)
 
 

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import ConfigError, Profile, get_profile, override, parse_tasks
+from wmrl.config import ConfigError, EvalConfig, Profile, get_profile, override, parse_tasks
 
 
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
@@ -30,16 +30,15 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p.add_argument("--gripper-deadband", type=float,
                    help="gripper outputs below this magnitude hold (0), others give their sign (default: the "
                         "checkpoint's, 0.5; 0 turns snapping off)")
-    p.add_argument("--trials", type=int, help="trials per task (fixed initial states 0..N-1; default 50)")
-    p.add_argument("--videos", type=int, help="episodes per task to save as MP4 (main | wrist)")
+    cli.add_config_flags(p, EvalConfig, title="evaluation", skip=("tasks", "workers", "seed"))
     cli.add_common(p)
     args = p.parse_args(argv)
     args.policy = args.policy or ("checkpoint" if args.ckpt is not None else "expert")
     if (args.policy == "checkpoint") != (args.ckpt is not None):
         raise ConfigError("--policy checkpoint goes with --ckpt N (make eval CKPT=N); expert/random take no --ckpt")
     prof = get_profile(args.profile)
-    ev = override(prof.eval, tasks=parse_tasks(args.tasks), trials=args.trials, workers=args.workers,
-                  seed=args.seed, videos=args.videos)
+    ev = override(cli.config_from_flags(args, prof.eval), tasks=parse_tasks(args.tasks), workers=args.workers,
+                  seed=args.seed)
     sim = cli.sim_config(args, prof.sim)
     if args.ckpt is not None and args.image_size is None:  # a checkpoint is evaluated at its own image size
         from wmrl.policy import checkpoint as ck

@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.layout import RunLayout
 from wmrl.config import SFTConfig, get_profile, override, parse_tasks, profile_names
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.layout import RunLayout
 from wmrl.config import ConfigError
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):
@@ -46,7 +46,7 @@ def main(args) -> int:
                                                 "horizon": args.horizon, "out": args.pair / "fidelity.json"})
         return 0
     import torch
-
+    from wmrl.device import pick_device
     from wmrl.fileio import write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import load_split
@@ -55,7 +55,7 @@ def main(args) -> int:
     from wmrl.worldmodel.reward import RewardModel
 
     pair = load_pair(args.pair)  # every hash checked before any weights load
-    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = pick_device(args.device)
     main_m = FrameWorldModel.from_pretrained(pair.part("main"), device)
     wrist_m = FrameWorldModel.from_pretrained(pair.part("wrist"), device)
     reward = RewardModel.from_pretrained(pair.part("reward"))

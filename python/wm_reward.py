@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.layout import RunLayout
 from wmrl.config import ConfigError, get_profile, override, profile_names
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):
@@ -46,7 +46,6 @@ def main(args, manifest: Path) -> int:
         return 0
     import numpy as np
     import torch
-
     from wmrl.fileio import sha256_file
     from wmrl.lineage import git_commit
     from wmrl.worldmodel.data import load_split

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.layout import RunLayout
 from wmrl.config import VIEWS, ConfigError, WMTrainConfig, get_profile, profile_names
+from wmrl.layout import RunLayout
 
 
 def build(argv: list[str] | None = None):
@@ -74,7 +74,8 @@ def _passthrough(args) -> list[str]:
 
 def main(args, prof, train, manifest) -> int:
     if args.view:
-        from wmrl.worldmodel.train import WMJob, main as train_main
+        from wmrl.worldmodel.train import WMJob
+        from wmrl.worldmodel.train import main as train_main
 
         job = WMJob(view=args.view, run=Path(args.run), manifest=manifest, model=prof.model(args.view), train=train,
                     profile=args.profile, device=args.device, ds_config=args.ds_config, stop_after=args.stop_after,

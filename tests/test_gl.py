@@ -1,5 +1,4 @@
 import pytest
-
 from wmrl import gl as render
 
 

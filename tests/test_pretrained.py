@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from wmrl.config import get_profile
 from wmrl.pretrained import PretrainedError
 

@@ -52,16 +52,25 @@ _SCALARS = {"int": int, "float": float, "str": str}
 
 
 def _field_comments(cls) -> dict[str, str]:
-    """The trailing ``# comment`` of each field in the class source: the flag's help text."""
-    out = {}
+    """Each field's help text: its trailing ``# comment``, else the comment lines just above it."""
+    out: dict[str, str] = {}
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return out
+    above: list[str] = []
     for line in lines:
-        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# "))
+            continue
+        m = re.match(r"\s+(\w+): [^=]+=(.*)$", line)
         if m:
-            out[m.group(1)] = m.group(2).strip()
+            trailing = re.search(r"#\s*(.+)$", m.group(2))
+            text = trailing.group(1) if trailing else " ".join(above)
+            if text:
+                out[m.group(1)] = text.strip()
+        above = []
     return out
 
 

@@ -29,6 +29,7 @@ CHUNK_SIZE = 8  # actions per policy call; images exist only between chunks (the
 ACTION_DIM = 7  # OSC_POSE delta: xyz, axis-angle, gripper (-1 open, +1 close)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
 VIEWS = ("main", "wrist")  # agentview and eye-in-hand cameras
+BIMANUAL_TASKS = ("transfer_cube", "insertion")  # the scripted ALOHA tasks (wmrl.bimanual.aloha)
 MAX_RESET_BASE_SEED = 4000  # reset seed = base * 1e6 + task * 1e4 + attempt must fit numpy's 32 bits
 RENDERERS = ("auto", "osmesa", "egl", "glfw")
 
@@ -393,6 +394,48 @@ class RewardConfig:
             raise ConfigError("reward: steps >= 1, batch >= 2 (half success, half not) and lr > 0")
 
 
+@dataclass(frozen=True)
+class BundleConfig:
+    """The bimanual recipe's data: how ``make bimanual-bundle`` generates it (ALOHA) and what it
+    mixes in (LIBERO). The recipe's stages are configured by the TOMLs in
+    ``data/configs/stage*_*.toml`` (the seed's layout, ``wmrl.bimanual.config``)."""
+
+    tasks: tuple[str, ...] = ("transfer_cube", "insertion")
+    episodes_per_task: int = 20
+    fail_fraction: float = 0.3  # episodes whose grasp target is shifted (mostly failures)
+    image_size: int = 64  # software rendering: keep it small on CPU
+    frame_stride: int = 8  # control steps (50 Hz) per frame: one transition = 0.16 s
+    max_steps: int = 400  # control steps per episode (the planners' horizon)
+    window: int = 16  # transitions per training window (T; T+1 frames)
+    window_stride: int = 8
+    val_fraction: float = 0.2
+    seed: int = 0
+    aloha_weight: float = 1.0  # relative source weights, normalised by the kit
+    libero_weight: float = 0.5
+    libero_episodes: int = 0  # 0: every episode of DATA
+
+    def __post_init__(self) -> None:
+        TASKS = ("transfer_cube", "insertion")  # the scripted ALOHA tasks of ``wmrl.bimanual.aloha``
+
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad or not self.tasks:
+            raise ConfigError(f"tasks={self.tasks}: choose from {TASKS}")
+        if self.episodes_per_task < 1:
+            raise ConfigError(f"episodes_per_task={self.episodes_per_task}: must be >= 1 (EPISODES=...)")
+        if not 0 <= self.fail_fraction <= 1:
+            raise ConfigError(f"fail_fraction={self.fail_fraction}: use 0..1")
+        if not 16 <= self.image_size <= 256 or self.image_size % 8:
+            raise ConfigError(f"image_size={self.image_size}: use a multiple of 8 in 16..256 (64 on CPU)")
+        if self.frame_stride < 1 or self.max_steps < self.frame_stride:
+            raise ConfigError(f"frame_stride={self.frame_stride}, max_steps={self.max_steps}: need 1 <= frame_stride <= max_steps")
+        if self.window < 1 or self.window_stride < 1:
+            raise ConfigError("window and window_stride must be >= 1")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction={self.val_fraction}: use 0 <= f < 1")
+        if self.aloha_weight <= 0 or self.libero_weight <= 0:
+            raise ConfigError("source weights must be positive (they are relative; the kit normalises them)")
+
+
 GRPO_ENVS = ("sim", "wm")
 
 
@@ -492,6 +535,7 @@ class Profile:
     wm: WMProfile = field(default_factory=WMProfile)
     reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    bimanual: BundleConfig = field(default_factory=BundleConfig)
 
     def __post_init__(self) -> None:
         """Where configs meet: one chunk size, one action/proprio dimension. (Image sizes are
@@ -527,6 +571,8 @@ _PROFILES: dict[str, Profile] = {
         grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, minibatches=2, eval_interval=1,
                         full_interval=2, eval_trials=1, final_trials=1, tasks=(0,), keyframe_max_chunk=2,
                         keyframes_per_task=4, bf16=False),
+        bimanual=BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40, max_steps=400,
+                              window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),
 }
 # Component names: "grpo" is the default profile's GRPO settings, "grpo_tiny" the tiny one's.

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.containers import engine as E
 from wmrl.containers import ContainerError
 from wmrl.containers.images import LABEL_LOCK_SHA, LABEL_PYTHON, LABEL_REVISION, LABEL_VERSION, image_spec, kit_version
 from wmrl.containers.run import RunConfig, run
 from wmrl.fileio import sha256_file
+
+from tests.containers import engine as E
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +79,9 @@ def test_check_stage_passes_in_each_image(capfd, test_images, name):
 
 @pytest.mark.parametrize("name", ["train", "wm"])
 def test_a_data_stage_reads_host_files_outside_the_repository(capfd, test_images, tmp_path, name):
-    from tests.helpers import synthetic_trajectory
     from wmrl.data.trajectory import TrajectoryWriter
+
+    from tests.helpers import synthetic_trajectory
 
     data = tmp_path / "trajectories"
     w = TrajectoryWriter(data / "task_00.hdf5")

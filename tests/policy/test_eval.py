@@ -6,11 +6,11 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from tests.policy.conftest import TASK0
 from wmrl.config import ConfigError
 from wmrl.policy import checkpoint as ck
 from wmrl.sim.env import Observation
+
+from tests.policy.conftest import TASK0
 
 
 def _obs(seed: int, task: int = 0, step: int = 0, size: int = 64) -> Observation:
@@ -44,7 +44,6 @@ def test_gripper_output_snaps_to_the_controllers_three_commands(trained_run):
     """robosuite moves the gripper by sign(g) every step and the expert holds it with exactly 0:
     a near-zero output must stay 0, not open or close the gripper by chance."""
     import torch
-
     from wmrl.policy.runner import PolicyRunner, to_controller
 
     raw = torch.tensor([[0.3, -2.0, 0.2], [0.1, 0.5, -0.7], [0.0, 0.0, 0.49], [0.0, 0.0, 3.0]])
@@ -64,9 +63,8 @@ def test_videos_are_mp4_or_gif_where_no_mp4_encoder_is_installed(run_copy, monke
     """The GPU server's offline bundle has no imageio-ffmpeg: the episode videos become GIFs."""
     import sys
 
-    from PIL import Image
-
     import evaluate
+    from PIL import Image
 
     argv = ["--profile", "tiny", "--ckpt", "sft/10", "--run", str(run_copy), "--tasks", "0", "--trials", "1",
             "--max-steps", "24", "--workers", "1", "--no-progress", "--videos", "1"]

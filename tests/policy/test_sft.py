@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from tests.policy.conftest import TASK0, snapshot, tiny_job, write_demos
 from wmrl.policy import checkpoint as ck
 from wmrl.policy import train
 from wmrl.policy.data import DemoData, EpochSampler, chunk_targets, read_episodes, split_episodes
+
+from tests.policy.conftest import TASK0, snapshot, tiny_job, write_demos
 
 
 def test_tiny_loss_falls_over_30_steps(tmp_path, demo_dir):
@@ -191,8 +191,9 @@ def test_entry_script_validates_before_importing_torch(root, tmp_path, demo_dir)
 
 
 def test_dart_demonstrations_train_on_the_expert_labels_not_the_executed_actions(tmp_path):
-    from tests.policy.conftest import learnable_trajectory
     from wmrl.data.trajectory import TrajectoryWriter
+
+    from tests.policy.conftest import learnable_trajectory
 
     traj = learnable_trajectory(0)
     traj.action_labels = traj.actions.copy()

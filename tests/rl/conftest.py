@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from wmrl.config import get_profile
+from wmrl.data.trajectory import TrajectoryWriter
 
 from tests.helpers import synthetic_trajectory
 from tests.policy.conftest import TASK0, tiny_job, write_demos
-from wmrl.config import get_profile
-from wmrl.data.trajectory import TrajectoryWriter
 
 torch.set_num_threads(1)
 TINY = get_profile("tiny")

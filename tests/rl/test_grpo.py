@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
-
-from tests.rl.conftest import TINY, add_pair, tiny_grpo_job
 from wmrl.policy import checkpoint as ck
 from wmrl.rl import grpo
+
+from tests.rl.conftest import TINY, add_pair, tiny_grpo_job
 
 
 # ------------------------------------------------------------------------------ the update's algebra
@@ -18,6 +18,7 @@ def _policy_and_batch(sft_run, n=6):
     """The tiny supervised policy and a batch of chains it sampled itself."""
     from wmrl.policy.sampling import sde_sample
     from wmrl.rl.envs import ObsBatch
+
     from tests.policy.conftest import TASK0
 
     loaded = ck.load_checkpoint(ck.step_dir(sft_run, 10, "sft"))
@@ -115,8 +116,9 @@ class ToyReach:
         return [Start(step, g, 0) for g in range(self.groups)]
 
     def run(self, starts, group_size, act):
-        from tests.policy.conftest import TASK0
         from wmrl.rl.envs import ObsBatch, Outcome
+
+        from tests.policy.conftest import TASK0
 
         b = len(starts) * group_size
         g = torch.Generator().manual_seed(0)

@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from wmrl.config import get_profile  # noqa: E402
 from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
 from wmrl.data.trajectory import TrajectoryError  # noqa: E402
-from wmrl.config import get_profile  # noqa: E402
 from wmrl.worldmodel.data import MixedSampler, Transitions, boundary_frames, proprio_stats, read_episode  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from wmrl.bimanual import contract
 from wmrl.bimanual.bundle import Episode
+from wmrl.config import BIMANUAL_TASKS as TASKS
 
-TASKS = ("transfer_cube", "insertion")
 CAPTIONS = {
     "transfer_cube": "the right arm picks up the red cube and hands it over to the left arm",
     "insertion": "the left arm picks up the blue socket, the right arm the red peg, and they insert the peg into the socket",

@@ -16,7 +16,7 @@ import numpy as np
 
 from wmrl.bimanual import aloha
 from wmrl.bimanual.bundle import BundleWriter, SourceSpec
-from wmrl.bimanual.config import BundleConfig
+from wmrl.config import BundleConfig
 
 
 def plan_episodes(cfg: BundleConfig) -> list[tuple[str, int, bool]]:

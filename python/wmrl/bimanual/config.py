@@ -1,4 +1,4 @@
-"""Typed configuration for the bimanual recipe: the bundle build and one TOML per stage.
+"""Typed configuration of the bimanual recipe's stages: one TOML per stage.
 
 Stage configs live in ``data/configs/stage{0..3}_*.toml``. A TOML has the sections of
 ``StageConfig`` (``job``, ``data``, ``model``, ``trainer``, ``checkpoint``, ``ema``,
@@ -27,52 +27,8 @@ REFERENCE_ITERS = {0: 35_000, 1: 8_000, 2: 4_000, 3: 1_500}
 PARENT_STAGE = {1: 0, 2: 1, 3: 2}  # Stage 3's reference/critic also reads Stage 0
 
 
-# ----------------------------------------------------------------------------- the bundle
-@dataclass(frozen=True)
-class BundleConfig:
-    """How ``make bimanual-bundle`` generates data (ALOHA) and what it mixes in (LIBERO)."""
-
-    tasks: tuple[str, ...] = ("transfer_cube", "insertion")
-    episodes_per_task: int = 20
-    fail_fraction: float = 0.3  # episodes whose grasp target is shifted (mostly failures)
-    image_size: int = 64  # software rendering: keep it small on CPU
-    frame_stride: int = 8  # control steps (50 Hz) per frame: one transition = 0.16 s
-    max_steps: int = 400  # control steps per episode (the planners' horizon)
-    window: int = 16  # transitions per training window (T; T+1 frames)
-    window_stride: int = 8
-    val_fraction: float = 0.2
-    seed: int = 0
-    aloha_weight: float = 1.0  # relative source weights, normalised by the kit
-    libero_weight: float = 0.5
-    libero_episodes: int = 0  # 0: every episode of DATA
-
-    def __post_init__(self) -> None:
-        from wmrl.bimanual.aloha import TASKS
-
-        bad = [t for t in self.tasks if t not in TASKS]
-        if bad or not self.tasks:
-            raise ConfigError(f"tasks={self.tasks}: choose from {TASKS}")
-        if self.episodes_per_task < 1:
-            raise ConfigError(f"episodes_per_task={self.episodes_per_task}: must be >= 1 (EPISODES=...)")
-        if not 0 <= self.fail_fraction <= 1:
-            raise ConfigError(f"fail_fraction={self.fail_fraction}: use 0..1")
-        if not 16 <= self.image_size <= 256 or self.image_size % 8:
-            raise ConfigError(f"image_size={self.image_size}: use a multiple of 8 in 16..256 (64 on CPU)")
-        if self.frame_stride < 1 or self.max_steps < self.frame_stride:
-            raise ConfigError(f"frame_stride={self.frame_stride}, max_steps={self.max_steps}: need 1 <= frame_stride <= max_steps")
-        if self.window < 1 or self.window_stride < 1:
-            raise ConfigError("window and window_stride must be >= 1")
-        if not 0 <= self.val_fraction < 1:
-            raise ConfigError(f"val_fraction={self.val_fraction}: use 0 <= f < 1")
-        if self.aloha_weight <= 0 or self.libero_weight <= 0:
-            raise ConfigError("source weights must be positive (they are relative; the kit normalises them)")
-
-
-BUNDLE_PROFILES = {
-    "default": BundleConfig(),
-    "tiny": BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40,
-                         max_steps=400, window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
-}
+# The bundle's settings (``BundleConfig``) live in the kit's one registry: ``wmrl.config``,
+# ``get_config("bimanual")`` / ``get_config("bimanual_tiny")``.
 
 
 # ------------------------------------------------------------------------------ the stages

@@ -45,10 +45,10 @@ from typing import Any
 from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
+from wmrl.device import pick_device
 from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
 from wmrl.lineage import git_commit
-
 
 
 class TrainError(ValueError):
@@ -332,10 +332,7 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     if dist.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(saved_cfg, resolved)
-    if torch.cuda.is_available() and cfg.trainer.device == "auto":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        device = torch.device("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device)
+    device = pick_device(cfg.trainer.device, int(os.environ.get("LOCAL_RANK", "0")))
 
     torch.manual_seed(cfg.trainer.seed)
     np.random.seed(cfg.trainer.seed)
@@ -507,7 +504,7 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     bundle = Bundle(cfg.data.bundle)
     net = build_model(cfg, bundle)
     net.load_state_dict(load_net_state(root, use_ema=use_ema), strict=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device("auto")
     net.to(device).eval()
     loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="val", batch_size=cfg.data.batch_size)
     g = torch.Generator(device=device).manual_seed(seed)

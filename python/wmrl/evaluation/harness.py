@@ -41,8 +41,8 @@ def plan(cfg: EvalConfig) -> list[EpisodeSpec]:
 
 
 def settings_of(policy_id: str, sim: SimConfig, cfg: EvalConfig, extra: dict[str, Any] | None = None) -> dict:
-    from wmrl.sim.env import simulator_versions
     from wmrl.gl import choose_backend
+    from wmrl.sim.env import simulator_versions
 
     return {
         "policy_id": policy_id,

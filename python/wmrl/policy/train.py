@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from wmrl import rng
 from wmrl.config import ConfigError, PolicyConfig, SFTConfig
 from wmrl.device import pick_device

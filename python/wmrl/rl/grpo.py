@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from wmrl import rng
-from wmrl.config import ConfigError, EvalConfig, GRPOConfig, SimConfig, TRIALS_PER_TASK
+from wmrl.config import TRIALS_PER_TASK, ConfigError, EvalConfig, GRPOConfig, SimConfig
 from wmrl.layout import RunLayout
 from wmrl.policy import checkpoint as ck
 

@@ -99,6 +99,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     from tqdm import tqdm
 
     from wmrl.config import WMTrainConfig
+    from wmrl.device import pick_device
     from wmrl.worldmodel.model import images_to_unit
     from wmrl.worldmodel.train import ds_config, init_distributed
 
@@ -108,8 +109,8 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
                          f"success and {len(neg)} other frames (include successful and failed episodes)")
     torch.manual_seed(cfg.seed)
     model = RewardModel(cfg)
-    on_gpu = torch.cuda.is_available()
-    device = torch.device("cuda" if on_gpu else "cpu")
+    device = pick_device("auto")
+    on_gpu = device.type == "cuda"
     # frames, indices and the augmentation's noise all on the training device: done on the
     # host, the per-step blur and noise of a 128 px batch cost more than the model's step
     g = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -31,12 +31,11 @@ from pathlib import Path
 import torch
 
 from wmrl import rng
-from wmrl.config import ConfigError
+from wmrl.config import ConfigError, WMTrainConfig, WorldModelConfig
+from wmrl.device import free_port, pick_device
 from wmrl.fileio import sha256_file, write_json
 from wmrl.layout import RunLayout, step_name
-from wmrl.device import free_port
 from wmrl.logs import MetricsLog
-from wmrl.config import WMTrainConfig, WorldModelConfig
 
 STOP_FILE = "STOP"
 
@@ -63,7 +62,6 @@ def ds_config(path: str | os.PathLike, t: WMTrainConfig, on_gpu: bool, world: in
     """The DeepSpeed JSON with micro batch, accumulation, clipping, optimizer and schedule
     filled in from ``t`` where the file leaves them out; inconsistent batch sizes refused."""
     from wmrl.fileio import read_json
-
     from wmrl.lineage import REPO
 
     path = Path(path)
@@ -184,9 +182,8 @@ def main(job: WMJob) -> dict:
     from wmrl.worldmodel.data import MixedSampler, proprio_stats
     from wmrl.worldmodel.model import FrameWorldModel
 
-    on_gpu = job.device == "cuda" or (job.device == "auto" and torch.cuda.is_available())
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
+    device = pick_device(job.device, int(os.environ.get("LOCAL_RANK", "0")))
+    on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)
     layout = RunLayout(job.run)

@@ -29,6 +29,7 @@ from wmrl.fileio import read_json, write_json
 from wmrl.layout import RunLayout
 from wmrl.worldmodel.train import STOP_FILE
 
+
 class UpdateError(ConfigError):
     """A view's training failed; the message names its log."""
 

@@ -20,8 +20,9 @@ TEST_BUNDLE = dict(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_
 @pytest.fixture(scope="session")
 def libero_file(tmp_path_factory) -> Path:
     sys.path.insert(0, str(ROOT))
-    from tests.helpers import synthetic_trajectory
     from wmrl.data.trajectory import TrajectoryWriter
+
+    from tests.helpers import synthetic_trajectory
 
     path = tmp_path_factory.mktemp("libero") / "task_00.hdf5"
     w = TrajectoryWriter(path)
@@ -47,7 +48,7 @@ def bundle_dir(tmp_path_factory, libero_file) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "tiny"
     in_subprocess(
         "from wmrl.bimanual.build import build_bundle\n"
-        "from wmrl.bimanual.config import BundleConfig\n"
+        "from wmrl.config import BundleConfig\n"
         f"build_bundle(BundleConfig(**{TEST_BUNDLE!r}), {str(out)!r}, libero={str(libero_file)!r}, progress=False)\n"
     )
     return out
