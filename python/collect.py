@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.cli import COMMON_FIELDS
 from wmrl.config import CollectConfig, DemoConfig, get_profile, override
 
 
@@ -26,11 +27,11 @@ def build(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="runs/default", help="run folder: the policy comes from it, data goes to RUN/collect")
     p.add_argument("--ckpt", help="policy checkpoint: N (GRPO step) or sft/N (default: the newest of either kind)")
-    cli.add_config_flags(p, CollectConfig, title="collection", skip=("tasks", "workers", "seed"))
+    cli.add_config_flags(p, CollectConfig, title="collection", skip=COMMON_FIELDS)
     cli.add_common(p)
     args = p.parse_args(argv)
     prof = get_profile(args.profile)
-    collect = override(cli.config_from_flags(args, prof.collect), tasks=cli.parse_tasks(args.tasks),
+    collect = override(cli.config_from_flags(args, prof.collect, skip=COMMON_FIELDS), tasks=cli.parse_tasks(args.tasks),
                        workers=args.workers, seed=args.seed)
     from wmrl.layout import RunLayout
     from wmrl.policy import checkpoint as ck

@@ -14,16 +14,17 @@ import json
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.cli import COMMON_FIELDS
 from wmrl.config import DemoConfig, Profile, get_profile, override, parse_tasks
 
 
 def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_config_flags(p, DemoConfig, title="demonstrations", skip=("tasks", "workers", "seed"))
+    cli.add_config_flags(p, DemoConfig, title="demonstrations", skip=COMMON_FIELDS)
     cli.add_common(p)
     args = p.parse_args(argv)
     prof = get_profile(args.profile)
-    demos = override(cli.config_from_flags(args, prof.demos), tasks=parse_tasks(args.tasks), workers=args.workers,
+    demos = override(cli.config_from_flags(args, prof.demos, skip=COMMON_FIELDS), tasks=parse_tasks(args.tasks), workers=args.workers,
                      seed=args.seed)
     return args, override(prof, sim=cli.sim_config(args, prof.sim), demos=demos)
 

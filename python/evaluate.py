@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
+from wmrl.cli import COMMON_FIELDS
 from wmrl.config import ConfigError, EvalConfig, Profile, get_profile, override, parse_tasks
 
 
@@ -30,14 +31,14 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
     p.add_argument("--gripper-deadband", type=float,
                    help="gripper outputs below this magnitude hold (0), others give their sign (default: the "
                         "checkpoint's, 0.5; 0 turns snapping off)")
-    cli.add_config_flags(p, EvalConfig, title="evaluation", skip=("tasks", "workers", "seed"))
+    cli.add_config_flags(p, EvalConfig, title="evaluation", skip=COMMON_FIELDS)
     cli.add_common(p)
     args = p.parse_args(argv)
     args.policy = args.policy or ("checkpoint" if args.ckpt is not None else "expert")
     if (args.policy == "checkpoint") != (args.ckpt is not None):
         raise ConfigError("--policy checkpoint goes with --ckpt N (make eval CKPT=N); expert/random take no --ckpt")
     prof = get_profile(args.profile)
-    ev = override(cli.config_from_flags(args, prof.eval), tasks=parse_tasks(args.tasks), workers=args.workers,
+    ev = override(cli.config_from_flags(args, prof.eval, skip=COMMON_FIELDS), tasks=parse_tasks(args.tasks), workers=args.workers,
                   seed=args.seed)
     sim = cli.sim_config(args, prof.sim)
     if args.ckpt is not None and args.image_size is None:  # a checkpoint is evaluated at its own image size

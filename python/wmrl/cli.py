@@ -28,6 +28,9 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return EXPECTED_ERRORS + (TrajectoryError, EvaluationError, RendererError)
 
 
+COMMON_FIELDS = ("tasks", "workers", "seed")  # config fields whose flags ``add_common`` makes
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="default", choices=profile_names(), help="named settings (tiny: CPU toy scale)")
     p.add_argument("--tasks", help="task indices: 0,3,5 or 0-4 or all (default: the profile's)")
@@ -101,9 +104,10 @@ def add_config_flags(p: argparse.ArgumentParser | Any, cls, *, prefix: str = "",
                            metavar="A,B,...", help=help_)
 
 
-def config_from_flags(args: argparse.Namespace, cfg, *, prefix: str = ""):
-    """``cfg`` with every flag that ``add_config_flags`` made and the user gave applied."""
-    changes = {f.name: getattr(args, prefix + f.name, None) for f in dataclasses.fields(cfg)}
+def config_from_flags(args: argparse.Namespace, cfg, *, prefix: str = "", skip: tuple[str, ...] = ()):
+    """``cfg`` with every flag that ``add_config_flags`` made (give it the same ``skip``) and the
+    user gave applied."""
+    changes = {f.name: getattr(args, prefix + f.name, None) for f in dataclasses.fields(cfg) if f.name not in skip}
     return override(cfg, **changes)
 
 
