@@ -213,6 +213,8 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert step0["origin"]["sft_ref"] == "sft/10"
     assert (run_with_pair / "logs/grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert list((run_with_pair / "grpo").glob("keyframes-*.json"))
+    for resume in (None, 2):  # rerunning a finished command (with or without RESUME) does nothing
+        assert grpo.find_start(tiny_grpo_job(run_with_pair, target=4, resume=resume))[0] == "done"
 
     grpo.main(tiny_grpo_job(split, target=2, max_steps=16))
     assert grpo.find_start(tiny_grpo_job(split, target=4))[1].step == 2

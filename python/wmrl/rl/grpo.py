@@ -81,6 +81,9 @@ def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
     ("done", the finished target). Checks everything it can without loading weights; one-line
     errors say what to do."""
     grpo = ck.list_checkpoints(job.run, "policy")
+    done = [c for c in grpo if c.full and c.step == job.target]
+    if done and (job.resume is None or job.resume < job.target):
+        return "done", done[-1]  # a rerun of a finished run: nothing to do
     if job.resume is not None:
         info = ck.resolve(job.run, job.resume, "policy")
         if not info.full:
@@ -93,9 +96,6 @@ def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
         # a rerun of the same command after a kill continues from the newest full state since
         later = [c for c in grpo if c.full and job.resume < c.step < job.target]
         return "resume", (later[-1] if later else info)
-    done = [c for c in grpo if c.full and c.step == job.target]
-    if done:
-        return "done", done[-1]  # a rerun of a finished run: nothing to do
     full = [c for c in grpo if c.full and c.step < job.target]
     if full:
         return "resume", full[-1]
