@@ -83,3 +83,17 @@ def test_a_model_of_another_kind_is_refused(tmp_path):
     folder = _models()["FlowPolicy"].save_pretrained(tmp_path / "policy")
     with pytest.raises(PretrainedError, match="not a wmrl-reward/1 model"):
         RewardModel.from_pretrained(folder)
+
+
+def test_a_killed_writer_leaves_no_temporary_folder_for_long(tmp_path):
+    """Hidden ``.name.tmp-PID`` folders of a dead writer are removed by the next write; a living
+    writer's are left alone."""
+    import os
+
+    dead = tmp_path / ".global_step_1.tmp-99999999"
+    alive = tmp_path / f".global_step_2.tmp-{os.getpid()}"
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    _models()["RewardModel"].save_pretrained(tmp_path / "global_step_3")
+    assert not dead.exists() and alive.exists() and (tmp_path / "global_step_3" / "config.json").is_file()

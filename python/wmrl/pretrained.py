@@ -109,6 +109,7 @@ def write_folder(final: Path, write: Callable[[Path], None], meta: dict) -> Path
     every file's SHA-256 under ``files``) goes in last and the folder is renamed into place."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

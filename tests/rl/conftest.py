@@ -88,18 +88,3 @@ def tiny_grpo_job(run: Path, *, target: int, env: str = "wm", resume=None, **cha
     return GRPOJob(run=run, cfg=cfg, sim=sim, target=target, resume=resume, eval_tasks=(0,), eval_first=eval_first,
                    workers=1, envs_per_worker=1, device="cpu", profile="tiny", progress=False, tensorboard=False,
                    command="test")
-
-
-def fake_evaluations(monkeypatch):
-    """Record GRPO's evaluation calls instead of running the real simulator (the wm tests)."""
-    from wmrl.rl import grpo
-
-    calls = []
-
-    def fake(self, model, norm, lang, image_size, step, trials):
-        calls.append((step, trials))
-        return {"success_rate": 0.0, "successes": 0, "trials": trials}
-
-    monkeypatch.setattr(grpo.Evaluator, "__call__", fake)
-    return calls
-

@@ -23,7 +23,6 @@ and checked, never reselected, on resume.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
@@ -244,8 +243,3 @@ class ImaginedEnv:
     def close(self) -> None:
         pass
 
-
-def timed(fn, *args, **kw):
-    t0 = time.perf_counter()
-    out = fn(*args, **kw)
-    return out, time.perf_counter() - t0

@@ -428,7 +428,7 @@ def main(job: GRPOJob) -> dict:
         if kind == "sft":  # step 0: the supervised policy, with its lineage, and its real success
             save(0, full=True)
             if job.eval_first:
-                evaluator(model, norm, lang, image_size, 0, cfg.final_trials)
+                evaluator(model, loaded.norm, lang, image_size, 0, cfg.final_trials)
 
         # ---- 2. GRPO steps
         bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step", disable=not job.progress,
@@ -447,7 +447,7 @@ def main(job: GRPOJob) -> dict:
             last = step == job.target or timed_out
             if step % cfg.eval_interval == 0 or last:
                 save(step, full=step % cfg.full_interval == 0 or last)
-                evaluator(model, norm, lang, image_size, step, cfg.final_trials if last else cfg.eval_trials)
+                evaluator(model, loaded.norm, lang, image_size, step, cfg.final_trials if last else cfg.eval_trials)
             if timed_out:
                 say(f"[grpo] the time limit of {job.max_minutes} min passed: step {step} is this call's last "
                     f"(full state and the full evaluation written; rerun with the same TARGET to continue)")
@@ -483,6 +483,7 @@ class Evaluator:
             self.pool = env.pool
 
     def __call__(self, model, norm, lang, image_size: int, step: int, trials: int) -> dict:
+        """``norm``: the checkpoint's ``NormStats``."""
         import json
 
         from wmrl.evaluation.evidence import publish
@@ -505,7 +506,7 @@ class Evaluator:
                                       max_envs=job.envs_per_worker)
             self.own = True
         sampler = job.cfg.eval_sampler
-        runner = PolicyRunner.from_model(model, _NormView(norm), lang, step=step, image_size=image_size,
+        runner = PolicyRunner.from_model(model, norm, lang, step=step, image_size=image_size,
                                          path=info.path, device=str(next(model.parameters()).device),
                                          seed=job.eval_seed, model_sha256=sha, eval_sampler=sampler)
         cfg = EvalConfig(tasks=job.eval_tasks, trials=min(trials, TRIALS_PER_TASK), workers=self.pool.num_workers,
@@ -533,13 +534,3 @@ class Evaluator:
     def close(self) -> None:
         if self.own and self.pool is not None:
             self.pool.close()
-
-
-class _NormView:
-    """The normalisation tensors already on the device, as ``PolicyRunner`` expects them."""
-
-    def __init__(self, tensors: dict):
-        self._t = tensors
-
-    def tensors(self, device=None) -> dict:
-        return {k: v.to(device) if device is not None else v for k, v in self._t.items()}
