@@ -107,20 +107,17 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax = axes[1]
-    if recs:
-        ax.plot(steps, [r.get("clip_fraction", 0.0) for r in recs], label="clip fraction")
-        ax.plot(steps, [r.get("approx_kl", 0.0) for r in recs], label="approx. KL")
-        ax.plot(steps, [r.get("skipped_groups", 0) / max(1, r.get("groups", 1)) for r in recs], label="groups skipped")
-    ax.set_xlabel("GRPO step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax = axes[2]
-    if recs:
-        ax.plot(steps, [r.get("rollout_s", 0.0) for r in recs], label="rollouts")
-        ax.plot(steps, [r.get("update_s", 0.0) for r in recs], label="update")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("seconds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    series = (("clip_fraction", "clip fraction"), ("approx_kl", "approx. KL"), ("skipped_share", "groups skipped"))
+    for r in recs:
+        r["skipped_share"] = r.get("skipped_groups", 0) / max(1, r.get("groups", 1))
+    for ax, lines, ylabel in ((axes[1], series, None),
+                              (axes[2], (("rollout_s", "rollouts"), ("update_s", "update")), "seconds")):
+        for key, label in lines:
+            if recs:
+                ax.plot(steps, [r.get(key, 0.0) for r in recs], label=label)
+        ax.set_xlabel("GRPO step")
+        if ylabel:
+            ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     return _save(fig, plt, Path(out))
