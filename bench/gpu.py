@@ -8,7 +8,8 @@ returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
-    python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...]
+    python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...
+                               FINAL_TRIALS=20 EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
@@ -148,10 +149,13 @@ def phase_grpo(v: dict, env: dict) -> None:
     procs = []
     for i, s in enumerate(seeds):
         args = ["--run", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")), "--target", v.get("TARGET", "20"),
-                "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim"), "--no-eval-first"]
+                "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim")]
+        if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
+            args.append("--no-eval-first")
         for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
                           ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
-                          ("--eval-trials", "EVAL_TRIALS"), ("--envs-per-worker", "ENVS_PER_WORKER")):
+                          ("--eval-trials", "EVAL_TRIALS"), ("--final-trials", "FINAL_TRIALS"),
+                          ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES")):
             if key in v:
                 args += [flag, v[key]]
         procs.append(stage(f"grpo_seed{s}", "grpo.py", args, env, background=True,

@@ -240,7 +240,7 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     sample_adv = adv[batch["rollout"]]
     keep = torch.nonzero(sample_adv != 0).flatten()
     stats = {"update_chunks": int(len(keep)), "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0,
-             "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False}
+             "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False, "approx_kl_start": 0.0}
     if len(keep) == 0:
         return stats  # no group carried a signal: no update
     # "sequence": a chunk weighs 1 / (chunks of its rollout), so every rollout counts the same
@@ -264,6 +264,8 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
                     kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
                     loss = loss + cfg.kl_coef * kl
                     st["kl_ref"] = float(kl)
+            if stats["optimizer_steps"] == 0:  # before any change: the recompute's numerical floor
+                stats["approx_kl_start"] = st["approx_kl"]
             if cfg.target_kl > 0 and st["approx_kl"] > cfg.target_kl and stats["optimizer_steps"] > 0:
                 stats["early_stop"] = True  # the policy has moved far enough from the one that acted
                 break
