@@ -46,17 +46,18 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo check wheelhouse build images shell
+.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo cycle check wheelhouse build images shell
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
-	@echo "make demo       the whole cycle at toy scale on CPU: demos -> SFT -> collect -> world models -> pair -> GRPO"
+	@echo "make demo       the whole cycle at toy scale on CPU: demos -> SFT -> collect -> world models -> pair -> GRPO -> report"
 	@echo "make test       the test suite (TESTS=tests/sim for a subset)"
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
 	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
 	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS)"
 	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
+	@echo "make cycle      collect -> world models -> pair -> GRPO -> evaluation (CYCLES GRPO_STEPS EPISODES GPUS); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make manifest   world-model data: DATA=new trajectories REPLAY=demos/earlier cycles -> RUN/manifest.json"
 	@echo "make wm-update  train both world models with DeepSpeed (STEPS; WM_GPUS_MAIN/WM_GPUS_WRIST); rerun to resume"
@@ -86,8 +87,9 @@ lock:
 	docker/lock-containers.sh
 
 # The whole cycle at toy scale on CPU (tiny profile): demonstrations -> supervised policy ->
-# collection with that policy -> both world models + reward model -> model pair -> GRPO inside the
-# pair, and the same GRPO in the real simulator as the control; every stage resumable.
+# one cycle (collect with that policy -> both world models + reward model -> model pair -> GRPO
+# inside the pair -> evaluation -> report), then the same GRPO in the real simulator as the
+# control; every stage resumable.
 DEMO_RUN ?= runs/demo
 demo: setup
 	$(MAKE) --no-print-directory demos PROFILE=tiny RUN=$(DEMO_RUN)
@@ -95,13 +97,9 @@ demo: setup
 	test -f $(DEMO_RUN)/eval_expert/results.json || \
 		$(MAKE) --no-print-directory eval PROFILE=tiny POLICY=expert OUT=$(DEMO_RUN)/eval_expert VIDEOS=1
 	$(MAKE) --no-print-directory sft PROFILE=tiny RUN=$(DEMO_RUN)
-	$(MAKE) --no-print-directory collect PROFILE=tiny RUN=$(DEMO_RUN)
-	test -f $(DEMO_RUN)/manifest.json || $(MAKE) --no-print-directory manifest RUN=$(DEMO_RUN) DATA=$(DEMO_RUN)/collect REPLAY=$(DEMO_RUN)/demos
-	$(MAKE) --no-print-directory wm-update wm-reward PROFILE=tiny RUN=$(DEMO_RUN)
-	test -f $(DEMO_RUN)/model_pair/pair.json || $(MAKE) --no-print-directory package PROFILE=tiny RUN=$(DEMO_RUN)
-	$(MAKE) --no-print-directory grpo PROFILE=tiny RUN=$(DEMO_RUN) ENV=wm TARGET=2
+	$(MAKE) --no-print-directory cycle PROFILE=tiny RUN=$(DEMO_RUN)
 	$(MAKE) --no-print-directory grpo PROFILE=tiny RUN=$(DEMO_RUN)/control FROM=$(DEMO_RUN) ENV=sim TARGET=2
-	@echo "demo: GRPO curves in $(DEMO_RUN)/logs/grpo_curves.png (imagination) and $(DEMO_RUN)/control/logs/grpo_curves.png (simulator)"
+	@echo "demo: report $(DEMO_RUN)/report.html (and report.md); GRPO in the simulator (control): $(DEMO_RUN)/control/logs/grpo_curves.png"
 
 test: .venv/train/.lock.sha256 .venv/wm/.lock.sha256
 	@PYTHONPATH=python .venv/train/bin/python -m wmrl.gl --install
@@ -136,6 +134,16 @@ grpo: setup
 	$(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(TRAIN_PY) python/grpo.py --profile $(PROFILE) --run $(RUN) --target $(TARGET) \
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) $(DRY)
+
+# The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
+# RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
+# CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
+# MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
+cycle: setup
+	$(TRAIN_PY) python/cycle.py --profile $(PROFILE) --run $(RUN) $(call opt,--cycles,$(CYCLES)) \
+		$(call opt,--grpo-steps,$(GRPO_STEPS)) $(call opt,--episodes,$(EPISODES)) $(call opt,--tasks,$(TASKS)) \
+		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
+		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
 
 validate: setup
 	@test -n "$(DATA)" || { echo "error: give DATA=<file or folder of .hdf5 trajectories>"; exit 2; }

@@ -29,6 +29,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--profile", default="default", choices=profile_names())
     p.add_argument("--run", "--run-dir", dest="run", default="runs/default", help="run folder")
     p.add_argument("--manifest", help="data manifest (default: RUN/manifest.json)")
+    p.add_argument("--init-pair", help="a fresh update starts both views from this model pair's weights (the "
+                   "previous cycle's); a view with its own checkpoint resumes that instead")
     p.add_argument("--view", choices=VIEWS, help="train this view only (default: both, with the stop rule)")
     cli.add_config_flags(p, WMTrainConfig, title="training (--steps: the wrist model's target decides for both)",
                          skip=("ds_config_cpu", "ds_config_gpu"))
@@ -53,6 +55,8 @@ def build(argv: list[str] | None = None):
     if args.max_minutes is not None and (args.max_minutes <= 0 or args.view):
         raise ConfigError("--max-minutes must be > 0 and is for both views (the controller); "
                           "a single view stops with --stop-after")
+    if args.init_pair and not (Path(args.init_pair) / "pair.json").is_file():
+        raise ConfigError(f"--init-pair {args.init_pair}: no pair.json there (a folder `make package` wrote)")
     if args.ds_config and not Path(args.ds_config).is_file():
         raise ConfigError(f"--ds-config {args.ds_config}: no such file (examples in data/worldmodel/)")
     return args, prof, train, manifest
@@ -67,6 +71,8 @@ def _passthrough(args) -> list[str]:
             out += [f"--{f.name.replace('_', '-')}", str(val)]
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
+    if args.init_pair:
+        out += ["--init-pair", str(Path(args.init_pair).resolve())]
     if args.no_progress:
         out.append("--no-progress")
     return out
@@ -79,7 +85,7 @@ def main(args, prof, train, manifest) -> int:
 
         job = WMJob(view=args.view, run=Path(args.run), manifest=manifest, model=prof.model(args.view), train=train,
                     profile=args.profile, device=args.device, ds_config=args.ds_config, stop_after=args.stop_after,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, init_pair=Path(args.init_pair) if args.init_pair else None)
         if args.dry_run:
             cli.print_plan(f"world model update ({args.view})", {"manifest": manifest, "model": job.model, "train": train})
             return 0
@@ -107,7 +113,8 @@ def main(args, prof, train, manifest) -> int:
                 ViewLaunch("wrist", g_wrist, base + 1, _passthrough(args), me)]
     if args.dry_run:
         cli.print_plan("world model update (both views)", {
-            "manifest": manifest, "train": train, "stop_rule": "wrist to its target, then main after its next update",
+            "manifest": manifest, "train": train, "init_pair": args.init_pair,
+            "stop_rule": "wrist to its target, then main after its next update",
             "time_limit_minutes": args.max_minutes,
             **{f"{v.view}_command": " ".join(v.command(args.hostfile)) for v in launches}})
         return 0

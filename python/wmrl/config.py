@@ -524,6 +524,28 @@ class GRPOConfig:
 
 
 @dataclass(frozen=True)
+class CycleConfig:
+    """``make cycle`` (seed 000's loop): collect with the current policy -> manifest -> both
+    world models updated -> reward model -> pair -> GRPO inside the pair -> real evaluation.
+    The collection's size is ``collect.episodes``; the world-model update's ``wm.train.steps``."""
+
+    grpo_steps: int = 20  # GRPO steps per cycle (the seed's 60 -> 80)
+    val_ratio: float = 0.2  # the manifest's validation share
+    new_ratio: float = 0.5  # probability that a world-model training sample comes from this cycle's data
+    wm_eval_episodes: int = 20  # held-out episodes replayed in the pair (agreement, fidelity)
+    videos: int = 2  # real-vs-imagined videos in the report
+    gpu_margin_gib: float = 3.5  # pre-flight: a selected GPU may have at most this much memory in use by others
+
+    def __post_init__(self) -> None:
+        if self.grpo_steps < 1:
+            raise ConfigError(f"cycle.grpo_steps={self.grpo_steps}: must be >= 1 (GRPO_STEPS=20)")
+        if not 0 < self.val_ratio < 1 or not 0 <= self.new_ratio <= 1:
+            raise ConfigError("cycle: val_ratio in (0, 1) and new_ratio in [0, 1] (0.2 and 0.5 in the original)")
+        if self.wm_eval_episodes < 1 or self.videos < 0 or self.gpu_margin_gib < 0:
+            raise ConfigError("cycle: wm_eval_episodes >= 1, videos >= 0, gpu_margin_gib >= 0")
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     sim: SimConfig = field(default_factory=SimConfig)
@@ -535,6 +557,7 @@ class Profile:
     wm: WMProfile = field(default_factory=WMProfile)
     reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    cycle: CycleConfig = field(default_factory=CycleConfig)
     bimanual: BundleConfig = field(default_factory=BundleConfig)
 
     def __post_init__(self) -> None:
@@ -571,6 +594,7 @@ _PROFILES: dict[str, Profile] = {
         grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, minibatches=2, eval_interval=1,
                         full_interval=2, eval_trials=1, final_trials=1, tasks=(0,), keyframe_max_chunk=2,
                         keyframes_per_task=4, bf16=False),
+        cycle=CycleConfig(grpo_steps=2, wm_eval_episodes=2, videos=1, gpu_margin_gib=3.5),
         bimanual=BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40, max_steps=400,
                               window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),

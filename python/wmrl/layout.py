@@ -28,6 +28,7 @@ from pathlib import Path
 
 STEP_PREFIX = "global_step_"  # the one checkpoint naming scheme: global_step_N
 POLICY_KINDS = ("policy", "sft")  # weights/policy: GRPO steps; weights/sft: supervised steps
+POLICY_STATE_FILE = "train_state.pt"  # in a policy checkpoint: optimizer, RNG, position (a *full* checkpoint)
 
 
 def step_name(step: int) -> str:
@@ -67,6 +68,12 @@ class RunLayout:
 
     def checkpoint(self, step: int, kind: str = "policy") -> Path:
         return self.checkpoints(kind) / step_name(step)
+
+    def policy_steps(self, kind: str = "policy", *, full: bool = False) -> list[int]:
+        """The checkpoint steps of ``kind`` on disk, ascending (``full``: those with a training state)."""
+        root = self.checkpoints(kind)
+        steps = [parse_step_name(p.name) for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        return sorted(s for s in steps if s is not None and (not full or (self.checkpoint(s, kind) / POLICY_STATE_FILE).exists()))
 
     @property
     def latest_policy(self) -> Path:

@@ -121,3 +121,28 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, plt, Path(out))
+
+
+def success_curve(points: list[tuple[int, float, int]], out: str | os.PathLike, marks: list[int] | None = None) -> Path | None:
+    """Real success rate against the GRPO step ((step, rate, trials) per evaluation; error bars
+    are the binomial standard error), with vertical lines where cycles begin (``marks``)."""
+    if not points:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    points = sorted(points)
+    steps = [p[0] for p in points]
+    rates = [100 * p[1] for p in points]
+    err = [100 * (p[1] * (1 - p[1]) / max(p[2], 1)) ** 0.5 for p in points]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.errorbar(steps, rates, yerr=err, fmt="o-", capsize=3)
+    for s, r, (_, _, n) in zip(steps, rates, points):
+        ax.annotate(f"n={n}", (s, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    for m in marks or []:
+        ax.axvline(m, color="grey", alpha=0.4, linestyle="--")
+    ax.set_xlabel("GRPO step (0: the supervised policy)")
+    ax.set_ylabel("real success (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    return _save(fig, plt, Path(out))

@@ -31,13 +31,13 @@ from typing import Any
 from wmrl import __version__
 from wmrl.config import PolicyConfig
 from wmrl.fileio import write_json
-from wmrl.layout import POLICY_KINDS, RunLayout, parse_step_name
+from wmrl.layout import POLICY_KINDS, POLICY_STATE_FILE, RunLayout
 from wmrl.policy.language import CACHE_FILE, LanguageCache, LanguageError
 from wmrl.policy.normalize import NormStats, NormStatsError
 from wmrl.pretrained import CONFIG_FILE, MODEL_FILE, PretrainedError, config_from_dict, read_weights, verify_files
 
 NORM_FILE = "norm_stats.json"
-STATE_FILE = "train_state.pt"
+STATE_FILE = POLICY_STATE_FILE
 # Sampling/training settings: may differ between a checkpoint and the run that loads it.
 NON_ARCH_FIELDS = ("denoise_steps", "noise_level", "eval_sampler", "temperature_eval", "time_beta", "augment_shift",
                    "gripper_deadband")
@@ -75,14 +75,9 @@ class CheckpointInfo:
 
 
 def list_checkpoints(run: str | os.PathLike, kind: str = "policy") -> list[CheckpointInfo]:
-    root = policy_dir(run, kind)
-    out = []
-    if root.is_dir():
-        for p in root.iterdir():
-            step = parse_step_name(p.name)
-            if p.is_dir() and step is not None:
-                out.append(CheckpointInfo(step, p, (p / STATE_FILE).exists(), kind))
-    return sorted(out, key=lambda c: c.step)
+    layout = RunLayout(run)
+    return [CheckpointInfo(s, layout.checkpoint(s, kind), (layout.checkpoint(s, kind) / STATE_FILE).exists(), kind)
+            for s in layout.policy_steps(kind)]
 
 
 def describe_available(run: str | os.PathLike, kind: str = "policy") -> str:

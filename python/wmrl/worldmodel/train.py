@@ -52,6 +52,7 @@ class WMJob:
     ds_config: str | None = None  # default: the train config's CPU or GPU file
     stop_after: int | None = None  # stop here with a checkpoint (the schedule still targets train.steps)
     progress: bool = True
+    init_pair: Path | None = None  # a fresh start takes this model pair's weights of the view (a cycle's update)
 
 
 class WMConfigError(ConfigError):
@@ -173,6 +174,20 @@ def export_weights(engine, out: Path, cfg: WorldModelConfig, stats: dict, meta: 
     model.save_pretrained(out, meta=meta)
 
 
+def init_from_pair(model, pair_dir: Path, view: str) -> None:
+    """Load the view's weights of a model pair (hashes verified) into ``model``; the
+    architectures must match (same profile)."""
+    from wmrl.release.pair import load_pair
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    pair = load_pair(pair_dir)
+    src = FrameWorldModel.from_pretrained(pair.part(view), verify=False)  # load_pair checked every hash
+    if src.cfg != model.cfg:
+        raise WMConfigError(f"--init-pair {pair_dir}: its {view} model has another architecture ({src.cfg}) than "
+                            f"this profile's ({model.cfg}); update with the profile that trained it")
+    model.load_state_dict(src.state_dict())
+
+
 def main(job: WMJob) -> dict:
     import deepspeed
     import torch.distributed as dist
@@ -199,6 +214,8 @@ def main(job: WMJob) -> dict:
     torch.manual_seed(t.seed + rank)
 
     model = FrameWorldModel(job.model)
+    if job.init_pair is not None and not (ckpt_dir / "latest").exists():
+        init_from_pair(model, job.init_pair, job.view)  # the previous cycle's model, updated on the new data
     engine, _, _, _ = deepspeed.initialize(model=Objective(model, t.proprio_loss_weight),
                                            model_parameters=model.parameters(), config=ds_cfg)
     stats = proprio_stats(train)

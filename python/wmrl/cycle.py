@@ -1,0 +1,306 @@
+"""``make cycle``: seed 000's loop, one stage after the other, resumable and recorded.
+
+One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy stays in RUN):
+
+    collect    the current policy in the real simulator (seeded random placements, success and
+               failure kept)                                         -> cycle_n/collect/
+    manifest   this cycle's data + replay (demonstrations, earlier cycles), 0.2 validation,
+               0.5 new ratio                                         -> cycle_n/manifest.json
+    wm_update  both world models with the stop rule, starting from the previous cycle's pair
+                                                                     -> cycle_n/worldmodels/{main,wrist}
+    reward     the reward model on this manifest                     -> cycle_n/worldmodels/reward/
+    package    the model pair (hashes, keyframes)                    -> cycle_n/model_pair/
+    wm_eval    held-out real episodes replayed in the pair: agreement, fidelity, videos
+    grpo       GRPO inside the pair from the current policy, ``grpo_steps`` further (60 -> 80)
+                                                                     -> RUN/weights/policy/global_step_T
+    evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
+
+Every stage runs as its own process with the interpreter of its side (``train``: Python 3.11,
+``wm``: Python 3.10; with ``RUNTIME=docker`` the images), dies with this controller, and logs
+to ``RUN/logs/cycle/``. ``RUN/cycle.json`` records each finished stage with the SHA-256 of its
+outputs: a rerun of the same command skips finished stages (refusing outputs that changed since)
+and reruns the interrupted one, which resumes itself. Each cycle's parameters (which policy
+collects, GRPO from/to) are fixed when the cycle starts, and its lineage is recorded: which
+policy collected which data, which data trained which pair, which pair trained which policy.
+After every stage the report (``RUN/report.html`` and ``RUN/report.md``) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wmrl.config import ConfigError, CycleConfig
+from wmrl.fileio import read_json, sha256_file, write_json
+from wmrl.layout import RunLayout
+from wmrl.lineage import REPO
+
+FORMAT = "wmrl-cycle/1"
+STAGES = ("collect", "manifest", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
+
+
+class CycleError(ConfigError):
+    """A stage failed, or a finished stage's outputs changed."""
+
+
+@dataclass
+class CycleJob:
+    run: Path
+    cfg: CycleConfig
+    cycles: int = 1  # have this many cycles finished in RUN (a rerun with the same number does nothing)
+    profile: str = "default"
+    episodes: int | None = None  # per task (default: the profile's collect.episodes)
+    tasks: str | None = None  # collection tasks (default: the profile's)
+    wm_steps: int | None = None  # world-model updates per cycle (default: the profile's)
+    max_minutes: float | None = None  # the world-model update's time limit
+    seed: int = 0
+    gpus: str | None = None  # "0,1": CUDA_VISIBLE_DEVICES of every stage, and what the pre-flight checks
+    workers: int | None = None
+    train_py: list[str] = field(default_factory=lambda: [str(REPO / ".venv/train/bin/python")])
+    wm_py: list[str] = field(default_factory=lambda: [str(REPO / ".venv/wm/bin/python")])
+    report: bool = True
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    side: str  # "train" | "wm": which interpreter runs it
+    args: tuple[str, ...]
+    outputs: tuple[Path, ...]  # fingerprinted when the stage finishes
+    gpu: bool = False
+    skip_if: Path | None = None  # an atomic output: present = finished (a kill lost only the record)
+    verify: bool = True  # refuse a rerun when these outputs changed since (the evaluation may be redone)
+
+
+# =========================================================================== records
+def fingerprint(path: Path) -> str:
+    """SHA-256 of a file, or of a folder's files (relative path + content hash, sorted)."""
+    if path.is_file():
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and ".tmp" not in p.name and p.name != ".lock"):
+        h.update(f"{f.relative_to(path)}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def state_path(run: Path) -> Path:
+    return run / "cycle.json"
+
+
+def load_state(run: Path) -> dict:
+    if not state_path(run).exists():
+        return {"format": FORMAT, "cycles": {}}
+    st = read_json(state_path(run), CycleError, "")
+    if st.get("format") != FORMAT:
+        raise CycleError(f"{state_path(run)} is not a {FORMAT} record; use another RUN")
+    return st
+
+
+def cycle_dir(run: Path, n: int) -> Path:
+    return run / "cycles" / f"cycle_{n}"
+
+
+def begin_cycle(job: CycleJob, state: dict, n: int) -> dict:
+    """The cycle's fixed parameters: recorded when it starts, reused by every rerun."""
+    key = str(n)
+    if key in state["cycles"]:
+        return state["cycles"][key]
+    layout = RunLayout(job.run)
+    if n == 1:
+        full = layout.policy_steps("policy", full=True)
+        sft = layout.policy_steps("sft")
+        if full:
+            start, policy = full[-1], str(full[-1])
+        elif sft:
+            start, policy = 0, f"sft/{sft[-1]}"
+        else:
+            raise CycleError(f"no policy in {job.run} to start the cycle from: train one first "
+                             f"(make demos sft RUN={job.run})")
+    else:
+        prev = state["cycles"].get(str(n - 1))
+        if not prev or not prev.get("finished"):
+            raise CycleError(f"cycle {n - 1} of {job.run} is not finished")
+        start, policy = prev["grpo_to"], str(prev["grpo_to"])
+    from wmrl.config import get_profile
+
+    rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
+           "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
+    state["cycles"][key] = rec
+    return rec
+
+
+# =========================================================================== the stages
+def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
+    run, c = job.run, Path(rec["dir"])
+    layout, cl = RunLayout(run), RunLayout(c)
+    prof = ["--profile", job.profile]
+    opt = lambda flag, v: [flag, str(v)] if v is not None else []  # noqa: E731
+    replay = ([str(layout.demos)] if layout.demos.is_dir() else []) + \
+        [str(RunLayout(cycle_dir(run, k)).collect) for k in range(1, n)]
+    prev_pair = RunLayout(cycle_dir(run, n - 1)).model_pair if n > 1 else None
+    target = rec["grpo_to"]
+    evidence = layout.evidence(target)
+    return [
+        Stage("collect", "train", (
+            "python/collect.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--out", str(cl.collect),
+            "--seed", str(rec["collect_seed"]), "--no-progress", *opt("--episodes", job.episodes),
+            *opt("--tasks", job.tasks), *opt("--workers", job.workers)), (cl.collect,), gpu=True),
+        Stage("manifest", "wm", (
+            "python/make_manifest.py", "--run", str(c), "--new", str(cl.collect), *(["--replay", *replay] if replay else []),
+            "--val-ratio", str(job.cfg.val_ratio), "--new-ratio", str(job.cfg.new_ratio), "--seed", str(job.seed)),
+            (cl.manifest,), skip_if=cl.manifest),
+        Stage("wm_update", "wm", (
+            "python/wm_update.py", *prof, "--run", str(c), "--no-progress",
+            *opt("--init-pair", prev_pair), *opt("--steps", job.wm_steps), *opt("--max-minutes", job.max_minutes)),
+            (cl.selection,), gpu=True),
+        Stage("reward", "wm", ("python/wm_reward.py", *prof, "--run", str(c), "--no-progress"), (cl.reward,), gpu=True),
+        Stage("package", "wm", ("python/package_pair.py", *prof, "--run", str(c)), (cl.model_pair / "pair.json",),
+              skip_if=cl.model_pair / "pair.json"),
+        Stage("wm_eval", "wm", (
+            "python/wm_eval.py", "--run", str(c), "--episodes", str(job.cfg.wm_eval_episodes), "--videos",
+            str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / "fidelity.json",), gpu=True, verify=False),
+        Stage("grpo", "train", (
+            "python/grpo.py", *prof, "--run", str(run), "--env", "wm", "--pair", str(cl.model_pair), "--target",
+            str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers)),
+            (layout.checkpoint(target),), gpu=True),
+        Stage("evaluate", "train", (
+            "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
+            *opt("--workers", job.workers)), (evidence,), gpu=True, skip_if=evidence, verify=False),
+    ]
+
+
+def command(job: CycleJob, stage: Stage) -> list[str]:
+    return [*(job.train_py if stage.side == "train" else job.wm_py), *stage.args]
+
+
+def stage_env(job: CycleJob) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if job.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = job.gpus
+    return env
+
+
+def stage_finished(stage: Stage, run: Path, target: int) -> bool:
+    """Did the stage produce everything it promises (GRPO: the full state of its target)?"""
+    if not all(p.exists() for p in stage.outputs):
+        return False
+    if stage.name == "grpo":
+        return target in RunLayout(run).policy_steps("policy", full=True)
+    return True
+
+
+def check_unchanged(stage: Stage, srec: dict, n: int) -> None:
+    if not stage.verify:
+        return
+    for path, sha in srec["outputs"].items():
+        p = Path(path)
+        if not p.exists() or fingerprint(p) != sha:
+            raise CycleError(f"{p} ({stage.name} of cycle {n}) changed or vanished since the stage finished; later "
+                             "stages were built from the recorded version: restore it, or start a new RUN")
+
+
+# =========================================================================== the loop
+def plan(job: CycleJob) -> list[dict]:
+    """Every stage still to run, with inputs, outputs and command; writes nothing."""
+    state = load_state(job.run)
+    out = []
+    for n in range(1, job.cycles + 1):
+        rec = begin_cycle(job, state, n)
+        if rec.get("finished"):
+            continue
+        for st in plan_stages(job, n, rec):
+            done = rec["stages"].get(st.name, {}).get("done")
+            out.append({"cycle": n, "stage": st.name, "status": "done (skipped)" if done else "to run",
+                        "side": st.side, "gpu": st.gpu, "outputs": [str(p) for p in st.outputs],
+                        "command": shlex.join(command(job, st))})
+        # the next cycle's plan reads this one's parameters: mark it as if finished
+        rec["finished"] = "planned"
+    return out
+
+
+def main(job: CycleJob) -> dict:
+    from wmrl.preflight import check_gpus
+    from wmrl.procs import exclusive, run_child
+
+    job.run.mkdir(parents=True, exist_ok=True)
+    with exclusive(job.run, "make cycle", name=".cycle.lock"):
+        state = load_state(job.run)
+        logs = RunLayout(job.run).logs / "cycle"
+        logs.mkdir(parents=True, exist_ok=True)
+        for n in range(1, job.cycles + 1):
+            rec = begin_cycle(job, state, n)
+            write_json(state_path(job.run), state)
+            if rec.get("finished"):
+                print(f"[cycle {n}] finished earlier: skipped")
+                continue
+            for st in plan_stages(job, n, rec):
+                srec = rec["stages"].get(st.name)
+                if srec and srec.get("done"):
+                    check_unchanged(st, srec, n)
+                    print(f"[cycle {n}/{job.cycles}] {st.name}: done earlier, skipped")
+                    continue
+                srec = rec["stages"].setdefault(st.name, {"attempts": 0, "seconds": 0.0})
+                cmd = command(job, st)
+                t0 = time.time()
+                if st.skip_if is not None and st.skip_if.exists():
+                    print(f"[cycle {n}/{job.cycles}] {st.name}: {st.skip_if} is already written (by an earlier stage or run)")
+                else:
+                    if st.gpu:
+                        check_gpus(job.gpus, job.cfg.gpu_margin_gib)
+                    print(f"[cycle {n}/{job.cycles}] {st.name}: {shlex.join(cmd)}", flush=True)
+                    srec["attempts"] += 1
+                    rc = run_child(cmd, log=logs / f"cycle_{n}_{st.name}.log", env=stage_env(job), cwd=REPO)
+                    srec["seconds"] = round(srec["seconds"] + time.time() - t0, 1)
+                    write_json(state_path(job.run), state)
+                    if rc != 0:
+                        raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}); its log: "
+                                         f"{logs / f'cycle_{n}_{st.name}.log'}. Fix the cause and rerun the same "
+                                         "command: finished stages are skipped, this one resumes")
+                if not stage_finished(st, job.run, rec["grpo_to"]):
+                    raise CycleError(f"{st.name} of cycle {n} ended without its outputs "
+                                     f"({', '.join(str(p) for p in st.outputs)}); rerun the same command to continue it")
+                srec.update(done=True, command=shlex.join(cmd), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            outputs={str(p): fingerprint(p) for p in st.outputs})
+                write_json(state_path(job.run), state)
+                if job.report:
+                    build_report(job)
+            rec["lineage"] = lineage(job.run, rec)
+            rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            write_json(state_path(job.run), state)
+            if job.report:
+                build_report(job)
+            print(f"[cycle {n}/{job.cycles}] finished: policy {rec['policy_in']} -> GRPO step {rec['grpo_to']}")
+    return state
+
+
+def lineage(run: Path, rec: dict) -> dict:
+    """Which policy collected which data, which data trained which pair, which pair trained
+    which policy (with the hashes the records hold)."""
+    st = rec["stages"]
+    c = RunLayout(rec["dir"])
+    sha = lambda stage, path: st[stage]["outputs"][str(path)]  # noqa: E731
+    before = RunLayout(run).evidence(rec["grpo_from"])  # step 0: the supervised policy, evaluated first
+    after = RunLayout(run).evidence(rec["grpo_to"])
+    rate = lambda p: read_json(p, CycleError, "")["summary"]["success_rate"] if p and p.exists() else None  # noqa: E731
+    return {"policy_in": rec["policy_in"], "data": str(c.collect), "data_sha256": sha("collect", c.collect),
+            "manifest_sha256": sha("manifest", c.manifest), "pair": str(c.model_pair),
+            "pair_sha256": sha("package", c.model_pair / "pair.json"), "policy_out": f"{rec['grpo_to']}",
+            "policy_out_sha256": sha("grpo", RunLayout(run).checkpoint(rec["grpo_to"])),
+            "success_before": rate(before), "success_after": rate(after)}
+
+
+def build_report(job: CycleJob) -> None:
+    """The report is drawn by the policy side (matplotlib), like any stage."""
+    from wmrl.procs import run_child
+
+    cmd = [*job.train_py, "-m", "wmrl.report", "--run", str(job.run)]
+    rc = run_child(cmd, log=RunLayout(job.run).logs / "cycle" / "report.log", env=stage_env(job), cwd=REPO)
+    if rc != 0:
+        raise CycleError(f"the report failed (exit {rc}); see {RunLayout(job.run).logs / 'cycle' / 'report.log'}")

@@ -1,0 +1,204 @@
+"""The run's report: ``RUN/report.html`` (self-contained: images and videos inline, no network)
+and its Markdown twin ``RUN/report.md`` (figures in ``RUN/report/``, linked).
+
+    python -m wmrl.report --run runs/a        # make cycle rebuilds it after every stage
+
+What it shows, from what the stages wrote: real success per checkpoint (plot, with the binomial
+error) and per task; per cycle the stages and their wall times, the lineage, and the world
+models' figures (episode agreement with the simulator, reward accuracy on real and imagined
+frames, fidelity against holding the start frame); real-vs-imagined videos; the GRPO and SFT
+curves. Missing pieces are left out, never invented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import time
+from pathlib import Path
+
+from wmrl.layout import RunLayout, parse_step_name
+
+Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("image", path, caption) | ("video", path, caption)
+
+
+# =========================================================================== what the run holds
+def evaluations(run: Path) -> list[dict]:
+    """Every evidence file: ref, step, kind, successes, trials, rate, per task, sampler."""
+    out = []
+    root = run / "evidence" / "evaluations"
+    for kind, folder in (("policy", root), ("sft", root / "sft")):
+        for f in sorted(folder.glob("global_step_*.json")) if folder.is_dir() else []:
+            step = parse_step_name(f.stem)
+            try:
+                d = json.loads(f.read_text())
+                s = d["summary"]
+            except (OSError, ValueError, KeyError):
+                continue
+            out.append({"ref": f"{'sft/' if kind == 'sft' else ''}{step}", "step": step, "kind": kind,
+                        "successes": s["successes"], "trials": s["trials"], "rate": s["success_rate"],
+                        "per_task": s.get("per_task", {}), "sampler": d.get("settings", {}).get("sampler"),
+                        "temperature": d.get("settings", {}).get("temperature"), "file": f})
+    return sorted(out, key=lambda e: (e["kind"] != "sft", e["step"]))
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "-")[:12]
+
+
+def blocks(run: Path) -> list[Block]:
+    from wmrl.plots import success_curve
+
+    layout = RunLayout(run)
+    cyc = json.loads((run / "cycle.json").read_text()) if (run / "cycle.json").exists() else {"cycles": {}}
+    out: list[Block] = [("p", f"Run `{run}`, report written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.")]
+
+    # ---- success in the real simulator
+    evs = evaluations(run)
+    out.append(("h2", "Success in the real simulator"))
+    if evs:
+        grpo = [e for e in evs if e["kind"] == "policy"]
+        marks = [c["grpo_from"] for c in cyc["cycles"].values()]
+        png = success_curve([(e["step"], e["rate"], e["trials"]) for e in grpo], run / "report" / "success.png", marks)
+        if png:
+            out.append(("image", png, "Real success per GRPO step (fixed initial states; bars: binomial standard "
+                                      "error; dashed: a cycle begins)"))
+        out.append(("table", ["checkpoint", "successes / trials", "success", "sampler"],
+                    [[e["ref"], f"{e['successes']} / {e['trials']}", _pct(e["rate"]),
+                      f"{e['sampler'] or '-'} T={e['temperature'] or '-'}"] for e in evs]))
+        first, last = evs[0], evs[-1]
+        tasks = sorted(set(first["per_task"]) | set(last["per_task"]), key=int)
+        if tasks and first is not last:
+            rate = lambda e, t: _pct(e["per_task"][t]["success_rate"]) if t in e["per_task"] else "-"  # noqa: E731
+            out.append(("p", f"Per task: {first['ref']} against {last['ref']}."))
+            out.append(("table", ["task", first["ref"], last["ref"]], [[t, rate(first, t), rate(last, t)] for t in tasks]))
+    else:
+        out.append(("p", "No evaluation yet."))
+
+    # ---- the cycles
+    for n, c in sorted(cyc["cycles"].items(), key=lambda kv: int(kv[0])):
+        out.append(("h2", f"Cycle {n}: policy {c['policy_in']} -> GRPO step {c['grpo_to']}"))
+        rows = [[name, "done" if s.get("done") else "interrupted", s.get("attempts", 0), f"{s.get('seconds', 0):.1f}"]
+                for name, s in c["stages"].items()]
+        out.append(("table", ["stage", "status", "runs", "wall s"], rows))
+        lin = c.get("lineage")
+        if lin:
+            out.append(("table", ["lineage", "value", "SHA-256"], [
+                ["policy that collected", lin["policy_in"], "-"], ["data", lin["data"], _short(lin["data_sha256"])],
+                ["manifest", "manifest.json", _short(lin["manifest_sha256"])],
+                ["model pair", lin["pair"], _short(lin["pair_sha256"])],
+                ["policy trained in the pair", f"GRPO step {lin['policy_out']}", _short(lin["policy_out_sha256"])],
+                ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"]]))
+        out += world_models(RunLayout(c["dir"]).model_pair, run)
+
+    # ---- curves
+    for path, caption in ((layout.logs / "grpo_curves.png", "GRPO: rollout success, update statistics"),
+                          (layout.logs / "sft_loss.png", "Supervised training loss")):
+        if path.exists():
+            out += [("h2", caption.split(":")[0]), ("image", path, caption)]
+    return out
+
+
+def world_models(pair: Path, run: Path) -> list[Block]:
+    f = pair / "fidelity.json"
+    if not f.exists():
+        return []
+    d = json.loads(f.read_text())
+    out: list[Block] = [("p", f"World models (`{pair.relative_to(run) if pair.is_relative_to(run) else pair}`), "
+                              f"{d.get('episodes', '?')} held-out real episodes replayed from their start:")]
+    a, r = d.get("agreement") or {}, d.get("reward") or {}
+    out.append(("table", ["figure", "value"], [
+        ["episode agreement with the simulator (balanced accuracy; target 0.85)", a.get("balanced_accuracy", "-")],
+        ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
+        ["timing error (chunks)", a.get("timing_error_chunks", "-")],
+        ["reward balanced accuracy, real frames", r.get("balanced_accuracy_real", "-")],
+        ["reward balanced accuracy, imagined frames", r.get("balanced_accuracy_imagined", "-")]]))
+    hz = d.get("horizons") or {}
+    if hz:
+        out.append(("table", ["chunks ahead", "PSNR main (static)", "PSNR wrist (static)", "SSIM main"],
+                    [[h, f"{v['psnr_main']} ({v['psnr_main_static']})", f"{v['psnr_wrist']} ({v['psnr_wrist_static']})",
+                      v["ssim_main"]] for h, v in hz.items()]))
+    for v in sorted((pair / "videos").glob("*"))[:2] if (pair / "videos").is_dir() else []:
+        out.append(("video", v, f"{v.name}: real | imagined (main), real | imagined (wrist)"))
+    return out
+
+
+# =========================================================================== two renderings
+def _data_uri(path: Path) -> str:
+    mime = {".png": "image/png", ".gif": "image/gif", ".mp4": "video/mp4"}[path.suffix]
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def to_html(bs: list[Block], title: str) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
+             "body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+             "th{background:#f3f3f3}img,video{max-width:100%}figcaption{color:#555;font-size:90%}</style></head><body>",
+             f"<h1>{e(title)}</h1>"]
+    for b in bs:
+        if b[0] == "h2":
+            parts.append(f"<h2>{e(b[1])}</h2>")
+        elif b[0] == "p":
+            parts.append(f"<p>{e(b[1])}</p>")
+        elif b[0] == "table":
+            head = "".join(f"<th>{e(str(h))}</th>" for h in b[1])
+            rows = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
+            parts.append(f"<table><tr>{head}</tr>{rows}</table>")
+        elif b[0] == "image" or (b[0] == "video" and b[1].suffix == ".gif"):
+            parts.append(f"<figure><img src='{_data_uri(b[1])}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
+        elif b[0] == "video":
+            parts.append(f"<figure><video controls loop muted src='{_data_uri(b[1])}'></video>"
+                         f"<figcaption>{e(b[2])}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def to_markdown(bs: list[Block], title: str, root: Path) -> str:
+    def rel(p: Path) -> str:
+        return str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+
+    lines = [f"# {title}", ""]
+    for b in bs:
+        if b[0] == "h2":
+            lines += [f"## {b[1]}", ""]
+        elif b[0] == "p":
+            lines += [b[1], ""]
+        elif b[0] == "table":
+            lines += ["| " + " | ".join(map(str, b[1])) + " |", "|" + "---|" * len(b[1])]
+            lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in b[2]] + [""]
+        elif b[0] == "image":
+            lines += [f"![{b[2]}]({rel(b[1])})", ""]
+        elif b[0] == "video":
+            lines += [f"[{b[2]}]({rel(b[1])})", ""]
+    return "\n".join(lines)
+
+
+def write_report(run: str | Path) -> tuple[Path, Path]:
+    from wmrl.fileio import atomic_path
+
+    run = Path(run)
+    bs = blocks(run)
+    title = f"wmrl report: {run.name}"
+    paths = []
+    for name, text in (("report.html", to_html(bs, title)), ("report.md", to_markdown(bs, title, run))):
+        with atomic_path(run / name) as tmp:
+            tmp.write_text(text)
+        paths.append(run / name)
+    return paths[0], paths[1]
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True)
+    a = p.parse_args()
+    if not Path(a.run).is_dir():
+        raise SystemExit(f"error: {a.run}: no such run folder")
+    h, m = write_report(a.run)
+    print(f"[report] {h} and {m}")

@@ -1,0 +1,74 @@
+"""A stand-in for the cycle's stage scripts in the controller's tests: it writes what each
+stage promises (small files) instead of training, so the controller's records, skips,
+refusals and resumption are tested in seconds. The real stages have their own tests; the
+whole tiny cycle runs in ``make demo``.
+
+    python tests/fake_stage.py python/collect.py --run R --out DIR ...
+
+FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to be killed);
+every call is appended to FAKE_CALLS (one line: the script's stem)."""
+
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+
+def flag(args, name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+
+def name(path):  # contents must not depend on where the run lives (the tests compare hashes across runs)
+    return None if path is None else Path(path).name
+
+
+def main(argv):
+    if argv[:2] == ["-m", "wmrl.report"]:  # the real report
+        sys.argv = ["wmrl.report", *argv[2:]]
+        runpy.run_module("wmrl.report", run_name="__main__")
+        return 0
+    script, args = Path(argv[0]).stem, argv[1:]
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        f.write(script + "\n")
+    if os.environ.get("FAKE_FAIL") == script:
+        print(f"{script}: failing as asked")
+        return 1
+    if os.environ.get("FAKE_HANG") == script:
+        time.sleep(600)
+    run = Path(flag(args, "--run"))
+    if script == "collect":
+        out = Path(flag(args, "--out"))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "task_00.hdf5").write_text(f"episodes of policy {flag(args, '--ckpt')} seed {flag(args, '--seed')}")
+    elif script == "make_manifest":
+        (run / "manifest.json").write_text(json.dumps({"new": name(flag(args, "--new"))}))
+    elif script == "wm_update":
+        (run / "train").mkdir(parents=True, exist_ok=True)
+        (run / "train" / "selected_world_models.json").write_text(json.dumps({"init": flag(args, "--init-pair")}))
+    elif script == "wm_reward":
+        (run / "worldmodels" / "reward").mkdir(parents=True, exist_ok=True)
+        (run / "worldmodels" / "reward" / "config.json").write_text("{}")
+    elif script == "package_pair":
+        (run / "model_pair").mkdir(parents=True, exist_ok=True)
+        (run / "model_pair" / "pair.json").write_text(json.dumps({"run": run.name}))
+    elif script == "wm_eval":
+        (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "agreement": {
+            "balanced_accuracy": 0.75}}))
+    elif script in ("grpo", "evaluate"):
+        target = int(flag(args, "--target", flag(args, "--ckpt")))
+        if script == "grpo":
+            ck = run / "weights" / "policy" / f"global_step_{target}"
+            ck.mkdir(parents=True, exist_ok=True)
+            (ck / "model.safetensors").write_text(f"policy {target} from {name(flag(args, '--pair'))}")
+            (ck / "train_state.pt").write_text("state")
+        ev = run / "evidence" / "evaluations" / f"global_step_{target}.json"
+        ev.parent.mkdir(parents=True, exist_ok=True)
+        ev.write_text(json.dumps({"summary": {"successes": target, "trials": 50, "success_rate": target / 50,
+                                              "per_task": {"0": {"success_rate": target / 50}}}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

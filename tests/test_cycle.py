@@ -1,0 +1,190 @@
+"""The cycle's controller (``wmrl.cycle``): plan, records, skips, refusals, resumption, lineage,
+report. The stages are ``tests/fake_stage.py`` (it writes what each stage promises), so these
+tests take seconds; the real stages are tested in their own folders and run together in
+``make demo``."""
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from wmrl.config import get_config
+from wmrl.cycle import STAGES, CycleError, CycleJob, load_state, main, plan
+from wmrl.preflight import GPUBusy
+from wmrl.procs import LockError, exclusive
+
+from tests.test_preflight import fake_nvidia_smi
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE = [sys.executable, str(REPO / "tests" / "fake_stage.py")]
+
+
+@pytest.fixture(autouse=True)
+def calls(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_CALLS", str(path))
+    monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.delenv("FAKE_HANG", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi unless a test puts one there
+    return path
+
+
+def called(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def new_run(tmp_path: Path, name: str = "run") -> Path:
+    run = tmp_path / name
+    (run / "weights" / "sft" / "global_step_10").mkdir(parents=True)  # a supervised policy to start from
+    (run / "demos").mkdir()
+    return run
+
+
+def job(run: Path, **kw) -> CycleJob:
+    kw.setdefault("report", False)
+    return CycleJob(run=run, cfg=get_config("cycle_tiny"), profile="tiny", train_py=FAKE, wm_py=FAKE, **kw)
+
+
+def test_dry_run_plans_every_stage_and_writes_nothing(tmp_path, calls):
+    run = new_run(tmp_path)
+    steps = plan(job(run, cycles=2))
+    assert [s["stage"] for s in steps] == list(STAGES) * 2
+    c2 = {s["stage"]: s["command"] for s in steps if s["cycle"] == 2}
+    assert "--ckpt 2" in c2["collect"]  # cycle 2 collects with cycle 1's GRPO step (0 -> 2)
+    assert f"--init-pair {run / 'cycles/cycle_1/model_pair'}" in c2["wm_update"]
+    assert f"--replay {run / 'demos'} {run / 'cycles/cycle_1/collect'}" in c2["manifest"]
+    assert "--target 4" in c2["grpo"]
+    assert sorted(p.name for p in run.iterdir()) == ["demos", "weights"] and not calls.exists()
+
+
+def test_cycles_record_lineage_and_a_rerun_skips_everything(tmp_path, calls):
+    run = new_run(tmp_path)
+    main(job(run, cycles=2))
+    runs = called(calls)
+    # GRPO's last step writes the evaluation, so the evaluate stage has nothing to do
+    assert runs == [s for s in ("collect", "make_manifest", "wm_update", "wm_reward", "package_pair", "wm_eval",
+                                "grpo")] * 2
+    st = load_state(run)
+    c1, c2 = st["cycles"]["1"], st["cycles"]["2"]
+    assert (c1["policy_in"], c1["grpo_from"], c1["grpo_to"]) == ("sft/10", 0, 2)
+    assert (c2["policy_in"], c2["grpo_from"], c2["grpo_to"]) == ("2", 2, 4)
+    assert c2["lineage"]["policy_in"] == "2" and c2["lineage"]["policy_out"] == "4"
+    assert c2["lineage"]["success_before"] == pytest.approx(2 / 50) and c2["lineage"]["success_after"] == pytest.approx(4 / 50)
+    assert c1["collect_seed"] != c2["collect_seed"]  # each cycle collects new placements
+    sel = json.loads((run / "cycles/cycle_2/train/selected_world_models.json").read_text())
+    assert sel["init"] == str(run / "cycles/cycle_1/model_pair")  # the update continues the previous pair
+    main(job(run, cycles=2))
+    assert called(calls) == runs  # nothing ran again
+
+
+def test_a_failed_stage_says_where_its_log_is_and_the_rerun_resumes_there(tmp_path, calls, monkeypatch):
+    run = new_run(tmp_path)
+    monkeypatch.setenv("FAKE_FAIL", "grpo")
+    with pytest.raises(CycleError, match=r"grpo of cycle 1 failed \(exit 1\); its log: .*cycle_1_grpo.log"):
+        main(job(run))
+    assert "failing as asked" in (run / "logs/cycle/cycle_1_grpo.log").read_text()
+    monkeypatch.delenv("FAKE_FAIL")
+    n = len(called(calls))
+    main(job(run))
+    assert called(calls)[n:] == ["grpo"]  # only the failed stage ran again
+    assert load_state(run)["cycles"]["1"]["stages"]["grpo"]["attempts"] == 2
+
+
+def test_an_output_changed_after_its_stage_finished_is_refused(tmp_path, monkeypatch):
+    run = new_run(tmp_path)
+    monkeypatch.setenv("FAKE_FAIL", "grpo")
+    with pytest.raises(CycleError):
+        main(job(run))
+    monkeypatch.delenv("FAKE_FAIL")
+    manifest = run / "cycles/cycle_1/manifest.json"
+    good = manifest.read_text()
+    manifest.write_text(good.replace("collect", "other"))
+    with pytest.raises(CycleError, match="manifest.json .*changed or vanished"):
+        main(job(run))
+    manifest.write_text(good)
+    main(job(run))
+    assert load_state(run)["cycles"]["1"]["finished"]
+
+
+def test_killing_the_controller_kills_its_stage_and_the_rerun_gives_the_same_artefacts(tmp_path, calls):
+    ref = new_run(tmp_path, "reference")
+    main(job(ref))
+    run = new_run(tmp_path)
+    cmd = [sys.executable, str(REPO / "python/cycle.py"), "--profile", "tiny", "--run", str(run), "--no-report",
+           "--train-py", " ".join(FAKE), "--wm-py", " ".join(FAKE)]
+    p = subprocess.Popen(cmd, env={**os.environ, "FAKE_HANG": "wm_update"}, stdout=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while called(calls).count("wm_update") < 2 and time.time() < deadline:  # the reference ran it once
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    time.sleep(1)
+    hanging = [c for c in Path("/proc").glob("[0-9]*/cmdline") if _cmdline(c).count("wm_update.py")
+               and str(run) in _cmdline(c)]
+    assert not hanging, "the stage outlived its controller"
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    outs = lambda r: {st: {Path(k).relative_to(r).as_posix(): v for k, v in rec["outputs"].items()}  # noqa: E731
+                      for st, rec in load_state(r)["cycles"]["1"]["stages"].items() if st not in ("wm_eval", "evaluate")}
+    got, want = outs(run), outs(ref)
+    assert got == want  # every output's SHA-256, stage by stage
+
+
+def _cmdline(path: Path) -> str:
+    try:
+        return path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_one_controller_per_run(tmp_path):
+    run = new_run(tmp_path)
+    with exclusive(run, "another make cycle", name=".cycle.lock"):
+        with pytest.raises(LockError, match="another make cycle"):
+            main(job(run))
+
+
+def test_no_policy_no_cycle(tmp_path):
+    with pytest.raises(CycleError, match="train one first"):
+        plan(job(tmp_path / "empty"))
+
+
+def test_busy_gpu_stops_the_cycle_before_its_first_gpu_stage(tmp_path, calls, monkeypatch):
+    fake_nvidia_smi(tmp_path / "bin", used_mib=30000, apps=["GPU-0, 4242, python, 30000 MiB"])
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    with pytest.raises(GPUBusy, match="GPU 0 .*pid 4242"):
+        main(job(new_run(tmp_path)))
+    assert not calls.exists()  # collect (a GPU stage) never started
+
+
+class _Media(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.srcs = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("img", "video"):
+            self.srcs.append(dict(attrs).get("src", ""))
+
+
+def test_report_is_self_contained_and_its_twin_links_existing_files(tmp_path):
+    run = new_run(tmp_path)
+    main(job(run, report=True))
+    page = (run / "report.html").read_text()
+    media = _Media()
+    media.feed(page)
+    assert media.srcs, "the report shows the success curve"
+    for src in media.srcs:
+        head, _, data = src.partition(",")
+        assert head.startswith("data:") and head.endswith(";base64"), "no external reference"
+        raw = base64.b64decode(data)
+        assert raw[:8] == b"\x89PNG\r\n\x1a\n" or raw[4:8] == b"ftyp" or raw[:3] == b"GIF"
+    assert "Cycle 1: policy sft/10 -&gt; GRPO step 2" in page and "0.75" in page  # stages and the pair's agreement
+    md = (run / "report.md").read_text()
+    for link in [part.split(")")[0] for part in md.split("](")[1:]]:
+        assert (run / link).exists(), link
