@@ -46,7 +46,7 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo cycle check wheelhouse build images shell
+.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo cycle release restore check wheelhouse build images shell
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
@@ -57,6 +57,7 @@ help:
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
 	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS)"
 	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
+	@echo "make release    RUN as a bundle with every file's SHA-256 (OUT, DATA=0); make restore BUNDLE=dir: verify, relocate"
 	@echo "make cycle      collect -> world models -> pair -> GRPO -> evaluation (CYCLES GRPO_STEPS EPISODES GPUS); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make manifest   world-model data: DATA=new trajectories REPLAY=demos/earlier cycles -> RUN/manifest.json"
@@ -144,6 +145,17 @@ cycle: setup
 		$(call opt,--grpo-steps,$(GRPO_STEPS)) $(call opt,--episodes,$(EPISODES)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
+
+# Release: RUN as a bundle (seed 000's layout, MANIFEST.json with every SHA-256); DATA=0 leaves
+# the trajectories out. Restore: verify (resumable), relocate paths, unpack the source.
+release: setup
+	@test -n "$(OUT)" || { echo "error: give OUT=<bundle folder to write>"; exit 2; }
+	$(TRAIN_PY) python/release.py make --run $(RUN) --out $(OUT) --profile $(PROFILE) \
+		$(if $(filter 0 no false,$(DATA)),--no-data) $(OVER)
+
+restore: setup
+	@test -n "$(BUNDLE)" || { echo "error: give BUNDLE=<a folder make release wrote>"; exit 2; }
+	$(TRAIN_PY) python/release.py restore $(BUNDLE) $(if $(call yes,$(REFRESH_SOURCE)),--refresh-source)
 
 validate: setup
 	@test -n "$(DATA)" || { echo "error: give DATA=<file or folder of .hdf5 trajectories>"; exit 2; }

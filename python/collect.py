@@ -61,7 +61,10 @@ def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
     # the demonstrations' machinery with every episode kept; frames at chunk boundaries only
     cfg = DemoConfig(tasks=collect.tasks, episodes=collect.episodes, workers=collect.workers, seed=collect.seed,
                      frame_interval=0)
-    summary = collect_demos(cfg, sim, out, overwrite=args.overwrite, progress=not args.no_progress, policy=runner)
+    from wmrl.procs import exclusive
+
+    with exclusive(out, "make collect"):
+        summary = collect_demos(cfg, sim, out, overwrite=args.overwrite, progress=not args.no_progress, policy=runner)
     kept = sum(v["kept"] for v in summary["tasks"].values())
     wins = kept - sum(v["failures"] for v in summary["tasks"].values())
     summary["policy"] = {"ref": info.ref, "path": str(info.path), "policy_id": runner.policy_id}

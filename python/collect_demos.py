@@ -39,7 +39,10 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
             "frame_interval": prof.demos.frame_interval, "action_noise": prof.demos.action_noise,
             "files": [str(task_file(out, t)) for t in prof.demos.tasks], "sim": prof.sim})
         return 0
-    summary = collect_demos(prof.demos, prof.sim, out, overwrite=args.overwrite, progress=not args.no_progress)
+    from wmrl.procs import exclusive
+
+    with exclusive(out, "make demos"):
+        summary = collect_demos(prof.demos, prof.sim, out, overwrite=args.overwrite, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     if summary["incomplete"]:
         print(f"error: tasks {summary['incomplete']} did not reach {prof.demos.episodes} successful demonstrations "

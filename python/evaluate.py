@@ -59,8 +59,11 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
         cli.print_plan("evaluate", {"policy": args.policy, "episodes": len(prof.eval.tasks) * prof.eval.trials,
                                     "eval": prof.eval, "sim": prof.sim, "out": out})
         return 0
-    result = evaluate(args.policy, sim=prof.sim, cfg=prof.eval, out_dir=out, overwrite=args.overwrite,
-                      progress=not args.no_progress)
+    from wmrl.procs import exclusive
+
+    with exclusive(out, "make eval"):
+        result = evaluate(args.policy, sim=prof.sim, cfg=prof.eval, out_dir=out, overwrite=args.overwrite,
+                          progress=not args.no_progress)
     from wmrl.sim.tasks import get_task
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))
@@ -101,9 +104,12 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
     if runner.image_size and runner.image_size != prof.sim.image_size:
         raise ck.CheckpointError(f"checkpoint {info.ref} was trained on {runner.image_size} px images; evaluate with "
                                  f"--image-size {runner.image_size} (the simulator is set to {prof.sim.image_size} px)")
-    result = evaluate(runner, sim=prof.sim, cfg=prof.eval, out_dir=out, policy_id=runner.policy_id,
-                      overwrite=args.overwrite, progress=not args.no_progress, extra_settings=runner.settings())
-    evidence = publish(args.run, info, result.results, harness_results=result.results_path)
+    from wmrl.procs import exclusive
+
+    with exclusive(out, "make eval"):
+        result = evaluate(runner, sim=prof.sim, cfg=prof.eval, out_dir=out, policy_id=runner.policy_id,
+                          overwrite=args.overwrite, progress=not args.no_progress, extra_settings=runner.settings())
+        evidence = publish(args.run, info, result.results, harness_results=result.results_path)
     from wmrl.sim.tasks import get_task
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))

@@ -74,7 +74,10 @@ def build(argv: list[str] | None = None):
 def main(args, job) -> int:
     from wmrl.rl import grpo
 
-    return cli.plan_or_run("grpo", args.dry_run, lambda: grpo.plan(job), lambda: grpo.main(job))
+    from wmrl.layout import RunLayout
+
+    return cli.plan_or_run("grpo", args.dry_run, lambda: grpo.plan(job), lambda: grpo.main(job),
+                           writes=RunLayout(job.run).checkpoints("policy"))
 
 
 if __name__ == "__main__":

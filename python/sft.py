@@ -34,6 +34,7 @@ def build(argv: list[str] | None = None):
     g = p.add_argument_group("start and stop")
     g.add_argument("--resume", default="auto", help="auto (newest full checkpoint, if any) or a step number")
     g.add_argument("--init", help="start a fresh run from these weights (a checkpoint folder; weights-only is fine)")
+    g.add_argument("--allow-new-data", action="store_true", help="resume even though the data files changed")
     g.add_argument("--stop-after", type=int, help="stop at this step with a full checkpoint (the schedule still targets --steps)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -53,6 +54,7 @@ def build(argv: list[str] | None = None):
     run = Path(args.run)
     job = SFTJob(run=run, data=args.data or [str(RunLayout(run).demos)], policy=policy, sft=sft, profile=prof.name,
                  tasks=parse_tasks(args.tasks), init=args.init, resume=args.resume, stop_after=args.stop_after,
+                 allow_new_data=args.allow_new_data,
                  device=args.device, progress=not args.no_progress, tensorboard=not args.no_tensorboard,
                  command=cli.command_line("python/sft.py", argv))
     return args, job
@@ -61,7 +63,8 @@ def build(argv: list[str] | None = None):
 def main(args, job) -> int:
     from wmrl.policy import train
 
-    return cli.plan_or_run("sft", args.dry_run, lambda: train.plan(job), lambda: train.main(job))
+    return cli.plan_or_run("sft", args.dry_run, lambda: train.plan(job), lambda: train.main(job),
+                           writes=RunLayout(job.run).checkpoints("sft"))
 
 
 if __name__ == "__main__":

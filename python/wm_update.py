@@ -118,8 +118,11 @@ def main(args, prof, train, manifest) -> int:
             "time_limit_minutes": args.max_minutes,
             **{f"{v.view}_command": " ".join(v.command(args.hostfile)) for v in launches}})
         return 0
-    run_update(args.run, *launches, hostfile=args.hostfile,
-               max_s=None if args.max_minutes is None else 60 * args.max_minutes)
+    from wmrl.procs import exclusive
+
+    with exclusive(RunLayout(args.run).worldmodels, "make wm-update"):
+        run_update(args.run, *launches, hostfile=args.hostfile,
+                   max_s=None if args.max_minutes is None else 60 * args.max_minutes)
     return 0
 
 

@@ -3,6 +3,9 @@
 import subprocess
 import sys
 
+import pytest
+from wmrl import cli
+
 
 def _run(root, script, *args, cwd=None):
     return subprocess.run([sys.executable, str(root / "python" / script), *args], capture_output=True, text=True,
@@ -63,3 +66,15 @@ def test_missing_renderer_is_one_line(root, tmp_path):
 
         pytest.skip("libglfw3 is installed here; the missing-library path is covered by tests/sim/test_render.py")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: rendering backend 'glfw' needs")
+
+
+def test_a_stage_refuses_a_folder_another_writer_holds(tmp_path):
+    from wmrl.procs import LockError, exclusive
+
+    ran = []
+    with exclusive(tmp_path / "weights", "make grpo"):
+        with pytest.raises(LockError, match=r"being written by make grpo \(pid \d+, host "):
+            cli.plan_or_run("sft", False, dict, lambda: ran.append(1), writes=tmp_path / "weights")
+    assert not ran
+    cli.plan_or_run("sft", False, dict, lambda: ran.append(1), writes=tmp_path / "weights")
+    assert ran == [1]

@@ -6,6 +6,7 @@ tests take seconds; the real stages are tested in their own folders and run toge
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,27 @@ def test_report_is_self_contained_and_its_twin_links_existing_files(tmp_path):
     md = (run / "report.md").read_text()
     for link in [part.split(")")[0] for part in md.split("](")[1:]]:
         assert (run / link).exists(), link
+
+
+CHROMIUM = next((b for b in ("chromium-headless-shell", "chromium", "chromium-browser") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium here (CI installs chromium-headless-shell)")
+def test_report_renders_in_a_browser_with_every_image_loaded(tmp_path):
+    from PIL import Image
+
+    run = new_run(tmp_path)
+    main(job(run, report=True))
+    page = tmp_path / "probe.html"  # the report plus a line of script that reports broken images in the title
+    page.write_text((run / "report.html").read_text().replace("</body>", (
+        "<script>window.onload = () => { document.title = [...document.images].every("
+        "i => i.complete && i.naturalWidth > 0) ? 'IMAGES_OK' : 'IMAGES_BROKEN'; };</script></body>")))
+    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert "<title>IMAGES_OK</title>" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([*args, f"--screenshot={shot}", "--window-size=1000,1400", (run / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    pixels = Image.open(shot).convert("L")
+    lo, hi = pixels.getextrema()
+    assert hi - lo > 100, "the page rendered blank"

@@ -20,7 +20,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_releases_the_lock(tmp_path
         f"with exclusive({str(tmp_path)!r}, 'the holder'):\n"
         "    print('held', flush=True); time.sleep(60)")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(LockError, match=rf"being written by the holder \(pid {holder.pid}\)"):
+    with pytest.raises(LockError, match=rf"being written by the holder \(pid {holder.pid}, host "):
         with exclusive(tmp_path, "me"):
             pass
     holder.kill()

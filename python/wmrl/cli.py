@@ -116,12 +116,20 @@ def print_plan(title: str, plan: dict[str, Any]) -> None:
     print(json.dumps(plan, indent=2, default=str))
 
 
-def plan_or_run(title: str, dry_run: bool, plan: Callable[[], dict], run: Callable[[], Any]) -> int:
-    """``--dry-run``: print ``plan()`` and start nothing; else ``run()``."""
+def plan_or_run(title: str, dry_run: bool, plan: Callable[[], dict], run: Callable[[], Any], writes=None) -> int:
+    """``--dry-run``: print ``plan()`` and start nothing; else ``run()``, holding the folder it
+    ``writes`` (one writer per output folder; under torchrun, rank 0 holds it for all)."""
+    import os
+
     if dry_run:
         print_plan(title, plan())
-    else:
+    elif writes is None or int(os.environ.get("RANK", "0")) != 0:
         run()
+    else:
+        from wmrl.procs import exclusive
+
+        with exclusive(writes, f"make {title}"):
+            run()
     return 0
 
 

@@ -141,6 +141,9 @@ def success_curve(points: list[tuple[int, float, int]], out: str | os.PathLike, 
         ax.annotate(f"n={n}", (s, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     for m in marks or []:
         ax.axvline(m, color="grey", alpha=0.4, linestyle="--")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("GRPO step (0: the supervised policy)")
     ax.set_ylabel("real success (%)")
     ax.set_ylim(0, 100)

@@ -16,16 +16,19 @@ import ctypes
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
+from wmrl.config import ConfigError
+
 PR_SET_PDEATHSIG = 1
 
 
-class LockError(RuntimeError):
-    """Another writer holds the folder."""
+class LockError(ConfigError):
+    """Another writer holds the folder (said in one line, like a bad input)."""
 
 
 def die_with_parent() -> None:
@@ -78,7 +81,7 @@ def exclusive(folder: str | os.PathLike, what: str, name: str = ".lock") -> Iter
                         "stop it, then rerun") from None
     f.seek(0)
     f.truncate()
-    f.write(f"{what} (pid {os.getpid()})")
+    f.write(f"{what} (pid {os.getpid()}, host {socket.gethostname()})")
     f.flush()
     try:
         yield

@@ -105,3 +105,28 @@ def test_cli_exit_code_and_report(good_file, tmp_path, root):
     assert "missing dataset(s) rewards" in bad.stdout
     missing = subprocess.run([sys.executable, script, str(tmp_path / "nope.hdf5")], capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no such file" in missing.stderr
+
+
+def test_one_flipped_bit_in_the_actions_is_caught_by_the_checksum(good_file):
+    with h5py.File(good_file, "r") as f:
+        ds = f["data/demo_0/actions"]
+        assert ds.fletcher32 and f.attrs["checksums"] == "fletcher32"
+        offset = ds.id.get_chunk_info(0).byte_offset
+    with open(good_file, "r+b") as fh:
+        fh.seek(offset + 5)
+        byte = fh.read(1)[0]
+        fh.seek(offset + 5)
+        fh.write(bytes([byte ^ 0x10]))
+    r = validate_file(good_file)
+    assert not r.ok
+    assert any("demo_0: damaged data: a checksum" in p for p in r.problems)
+
+
+def test_a_dataset_without_its_promised_checksum_is_caught(good_file):
+    with h5py.File(good_file, "r+") as f:
+        g = f["data/demo_0"]
+        data = g["rewards"][()]
+        del g["rewards"]
+        g.create_dataset("rewards", data=data)  # rewritten without fletcher32
+    r = validate_file(good_file)
+    assert any("rewards carry no checksum" in p for p in r.problems)

@@ -56,10 +56,11 @@ def tiny_job(run: Path, data, **sft_changes):
     stop_after = sft_changes.pop("stop_after", None)
     resume = sft_changes.pop("resume", "auto")
     init = sft_changes.pop("init", None)
+    allow_new_data = sft_changes.pop("allow_new_data", False)
     policy = sft_changes.pop("policy", prof.policy)
     return SFTJob(run=Path(run), data=[str(data)], policy=policy, sft=override(prof.sft, **sft_changes),
                   profile="tiny", progress=False, tensorboard=False, stop_after=stop_after, resume=resume,
-                  init=init, command="test")
+                  init=init, command="test", allow_new_data=allow_new_data)
 
 
 @pytest.fixture(scope="session")

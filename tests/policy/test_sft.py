@@ -1,6 +1,7 @@
 """Supervised training: the loss falls, resuming is exact, checkpoints and logs are complete."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -169,8 +170,20 @@ def test_other_image_size_data_is_refused_on_resume(run_copy, tmp_path):
     write_demos(tmp_path / "d32" / "task_00.hdf5", size=32)
     before = snapshot(run_copy)
     with pytest.raises(ck.CheckpointError, match="64 px images, the data has 32 px"):
-        train.main(tiny_job(run_copy, tmp_path / "d32", steps=20))
+        train.main(tiny_job(run_copy, tmp_path / "d32", steps=20, allow_new_data=True))
     assert snapshot(run_copy) == before
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(run_copy, demo_dir, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(demo_dir, other)
+    f = sorted(other.glob("*.hdf5"))[0]
+    write_demos(f, episodes=3)  # the same file name, other content
+    before = snapshot(run_copy)
+    with pytest.raises(ck.CheckpointError, match=rf"resume on other data: {f} changed since .*--allow-new-data"):
+        train.main(tiny_job(run_copy, other, steps=12))
+    assert snapshot(run_copy) == before
+    assert train.main(tiny_job(run_copy, other, steps=12, allow_new_data=True))["trained_steps"] == 2
 
 
 def test_entry_script_validates_before_importing_torch(root, tmp_path, demo_dir):

@@ -366,3 +366,14 @@ def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(man
     assert state == {"step": 3, "world_size": 2, "tag": "global_step3"}
     again = _wm(["--view", "main", "--steps", "6"], run, check=False)
     assert again.returncode == 2 and "saved by 2 process(es), this run has 1" in again.stderr
+
+
+def test_a_failed_view_is_reported_with_its_own_reason(tmp_path):
+    from wmrl.worldmodel.update import failure
+
+    log = tmp_path / "wm_wrist.out"
+    log.write_text("[wm wrist] loading\nTraceback ...\nerror: runs/a/worldmodels/wrist/deepspeed was trained on another "
+                   "manifest; use a new RUN or remove that folder\n")
+    msg = failure("wrist", 2, str(log))
+    assert msg == ("the wrist-view training failed (exit 2): runs/a/worldmodels/wrist/deepspeed was trained on another "
+                   f"manifest; use a new RUN or remove that folder; full log {log}")

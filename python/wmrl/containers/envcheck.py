@@ -51,6 +51,108 @@ print(json.dumps({"mujoco": mujoco.__version__, "backend": os.environ.get("MUJOC
 """
 
 
+EXTENSION_C = r"""
+#include <Python.h>
+static PyObject *add(PyObject *self, PyObject *args) {
+    long a, b;
+    if (!PyArg_ParseTuple(args, "ll", &a, &b)) return NULL;
+    return PyLong_FromLong(a + b);
+}
+static PyMethodDef methods[] = {{"add", add, METH_VARARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmrl_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_wmrl_probe(void) { return PyModule_Create(&module); }
+"""
+# Each environment's stages (imported, not run): a broken install fails here, not hours into a cycle.
+STAGE_MODULES = {
+    "train": ["wmrl.sim.env", "wmrl.sim.demos", "wmrl.policy.train", "wmrl.policy.runner", "wmrl.rl.grpo", "wmrl.rl.envs",
+              "wmrl.evaluation.harness", "wmrl.data.manifest", "wmrl.cycle", "wmrl.report", "wmrl.release.bundle",
+              "wmrl.worldmodel.imagine"],
+    "wm": ["deepspeed", "wmrl.worldmodel.train", "wmrl.worldmodel.update", "wmrl.worldmodel.reward",
+           "wmrl.worldmodel.fidelity", "wmrl.release.pair", "wmrl.data.manifest", "wmrl.bimanual.train"],
+}
+NOT_PROVEN = ["that training converges or a model is good (the tests and bench/ measure that)",
+              "the GPU's numerics or NCCL across GPUs (bench/gpu.py on a GPU machine)",
+              "Triton/JIT kernels unless JIT_SMOKE=1 runs them on a GPU",
+              "data or checkpoints of a run (make validate, the stages' own hash checks, make restore)"]
+
+
+def check_compiler(log_dir: Path, include: str | None = None) -> dict:
+    """Build and import a small C extension with this interpreter: proves a C compiler and
+    Python's headers (what Triton, DeepSpeed ops and torch.compile need at run time)."""
+    import importlib.util
+    import sysconfig
+    import tempfile
+
+    include = include or sysconfig.get_paths()["include"]
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return {"status": "fail", "error": f"no C compiler ({cc}) on PATH: install one (Debian: apt install gcc)"}
+    if not (Path(include) / "Python.h").is_file():
+        return {"status": "fail", "error": f"Python.h is missing in {include}: install this Python's headers "
+                                           f"(Debian: python{sys.version_info[0]}.{sys.version_info[1]}-dev; pyenv builds "
+                                           "include them)"}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "wmrl_probe.c"
+        src.write_text(EXTENSION_C)
+        lib = Path(tmp) / f"wmrl_probe{sysconfig.get_config_var('EXT_SUFFIX')}"
+        cmd = [cc, "-shared", "-fPIC", f"-I{include}", str(src), "-o", str(lib)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        (log_dir / "compile.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+        if r.returncode != 0:
+            return {"status": "fail", "error": f"compiling a C extension failed (exit {r.returncode}): "
+                                               f"{(r.stderr.strip().splitlines() or [''])[-1][:200]}; log {log_dir / 'compile.log'}"}
+        spec = importlib.util.spec_from_file_location("wmrl_probe", lib)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ok = mod.add(2, 3) == 5
+    return {"status": "ok" if ok else "fail", "compiler": cc, "include": include, "log": str(log_dir / "compile.log")}
+
+
+JIT_PROBE = r"""
+import json, torch, triton, triton.language as tl
+@triton.jit
+def add(x, y, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out + i, tl.load(x + i, mask=m) + tl.load(y + i, mask=m), mask=m)
+x = torch.arange(1000, device="cuda", dtype=torch.float32)
+o = torch.empty_like(x)
+add[(4,)](x, x, o, 1000, BLOCK=256)
+print(json.dumps({"ok": bool(torch.equal(o, 2 * x)), "triton": triton.__version__}))
+"""
+
+
+def check_jit(enabled: bool, log_dir: Path) -> dict:
+    """JIT_SMOKE=1: compile and run a small Triton kernel on the GPU with a fresh cache."""
+    import tempfile
+
+    if not enabled:
+        return {"status": "skipped", "why": "JIT_SMOKE=1 runs it (needs a GPU)"}
+    with tempfile.TemporaryDirectory() as cache:
+        out = _probe(JIT_PROBE, {**os.environ, "TRITON_CACHE_DIR": cache})
+    if "error" in out or not out.get("ok"):
+        return {"status": "fail", "error": out.get("error", "the kernel's result is wrong")}
+    return {"status": "ok", **out}
+
+
+def check_modules(env: str) -> dict:
+    """Import every stage's modules of ``env`` in a child process; validate every named config."""
+    code = ("import importlib, json, sys\nbad = {}\n"
+            f"for m in {STAGE_MODULES[env]!r}:\n"
+            "    try:\n        importlib.import_module(m)\n"
+            "    except Exception as e:\n        bad[m] = f'{type(e).__name__}: {e}'[:300]\n"
+            "from wmrl.config import config_names, get_config\n"
+            "for n in config_names():\n"
+            "    try:\n        get_config(n)\n"
+            "    except Exception as e:\n        bad['config ' + n] = str(e)[:300]\n"
+            "print(json.dumps(bad))")
+    out = _probe(code)
+    if "error" in out:
+        return {"status": "fail", "error": out["error"]}
+    return {"status": "fail" if out else "ok", "modules": len(STAGE_MODULES[env]), "failed": out}
+
+
 @dataclass(frozen=True)
 class CheckConfig:
     env: str = "auto"  # train | wm | auto (the image's WMRL_IMAGE, else by Python version)
@@ -58,6 +160,7 @@ class CheckConfig:
     render: bool = True
     require_gpu: bool = False
     out: str | None = None  # also write the JSON here
+    logs: str = "runs/compile_checks"  # the compile log of each environment goes to LOGS/<env>/
 
     def __post_init__(self) -> None:
         if self.env not in ("auto", "train", "wm"):
@@ -196,10 +299,13 @@ def main(cfg: CheckConfig) -> int:
     start = time.monotonic()
     env = resolve_env(cfg)
     report = {"env": env, "python": check_python(env), "lock": check_lock(env, cfg.lock),
-              "gpu": check_gpu(cfg.require_gpu), "renderer": check_renderer(cfg.render), "system": check_system()}
+              "gpu": check_gpu(cfg.require_gpu), "renderer": check_renderer(cfg.render), "system": check_system(),
+              "compiler": check_compiler(Path(cfg.logs) / env), "modules": check_modules(env),
+              "jit": check_jit(os.environ.get("JIT_SMOKE") == "1", Path(cfg.logs) / env)}
     failed = [k for k, v in report.items() if isinstance(v, dict) and v.get("status") == "fail"]
     report["ok"] = not failed
     report["failed"] = failed
+    report["not_proven"] = NOT_PROVEN
     report["seconds"] = round(time.monotonic() - start, 1)
     text = json.dumps(report, indent=2)
     print(text)

@@ -129,20 +129,28 @@ class TrajectoryRecorder:
 
 
 # --------------------------------------------------------------------------------- writing
+CHECKSUMS = "fletcher32"  # every non-empty dataset carries HDF5's Fletcher-32 checksum
+
+
 def _write_episode(group, traj: Trajectory) -> None:
     h, w = traj.main.shape[1:3]
+
+    def put(where, key: str, arr: np.ndarray, **opts) -> None:
+        # fletcher32: HDF5 checks every chunk on read, so a flipped bit fails loudly (make validate)
+        where.create_dataset(key, data=arr, **({"fletcher32": True} if arr.size else {}), **opts)
+
     img_opts = dict(chunks=(1, h, w, 3), compression="gzip", compression_opts=4, shuffle=False)
     obs = group.create_group("obs")
-    obs.create_dataset(MAIN_KEY, data=traj.main, **img_opts)
-    obs.create_dataset(WRIST_KEY, data=traj.wrist, **img_opts)
-    obs.create_dataset(PROPRIO_KEY, data=traj.proprio.astype(np.float32))
-    group.create_dataset("states", data=traj.states.astype(np.float64), compression="gzip")
-    group.create_dataset("frame_step", data=traj.frame_step.astype(np.int32))
-    group.create_dataset("rewards", data=traj.rewards.astype(np.float32))
-    group.create_dataset("dones", data=traj.dones)
-    group.create_dataset("actions", data=traj.actions.astype(np.float32))
+    put(obs, MAIN_KEY, traj.main, **img_opts)
+    put(obs, WRIST_KEY, traj.wrist, **img_opts)
+    put(obs, PROPRIO_KEY, traj.proprio.astype(np.float32))
+    put(group, "states", traj.states.astype(np.float64), compression="gzip")
+    put(group, "frame_step", traj.frame_step.astype(np.int32))
+    put(group, "rewards", traj.rewards.astype(np.float32))
+    put(group, "dones", np.asarray(traj.dones))
+    put(group, "actions", traj.actions.astype(np.float32))
     if traj.action_labels is not None:
-        group.create_dataset("action_labels", data=traj.action_labels.astype(np.float32))
+        put(group, "action_labels", traj.action_labels.astype(np.float32))
     for key, typ in EPISODE_ATTRS.items():
         if key not in traj.attrs:
             raise TrajectoryError(f"episode attribute {key!r} missing; every writer must set {sorted(EPISODE_ATTRS)}")
@@ -187,6 +195,7 @@ class TrajectoryWriter:
         f.attrs["schema"] = SCHEMA
         f.attrs["schema_version"] = SCHEMA_VERSION
         f.attrs["kit_version"] = __version__
+        f.attrs["checksums"] = CHECKSUMS
         data = f.create_group("data")
         data.attrs["env"] = "libero_spatial"
         data.attrs["num_episodes"] = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wmrl.data.trajectory import (
+    CHECKSUMS,
     EPISODE_ATTRS,
     MAIN_KEY,
     PROPRIO_KEY,
@@ -45,7 +46,7 @@ class FileReport:
                 "frames": self.frames, "steps": self.steps, "problems": self.problems}
 
 
-def _check_episode(name: str, g, problems: list[str]) -> tuple[int, int, bool]:
+def _check_episode(name: str, g, problems: list[str], checksums: bool = False) -> tuple[int, int, bool]:
     def bad(msg: str) -> None:
         problems.append(f"{name}: {msg}")
 
@@ -57,10 +58,17 @@ def _check_episode(name: str, g, problems: list[str]) -> tuple[int, int, bool]:
     for key, typ in EPISODE_ATTRS.items():
         if key not in g.attrs:
             bad(f"missing attribute {key!r}")
+    if checksums:  # the file promises a checksum on every dataset
+        unsealed = [k for k in required + ["action_labels"] if k in g and g[k].size and not g[k].fletcher32]
+        if unsealed:
+            bad(f"dataset(s) {', '.join(unsealed)} carry no checksum although the file says they do")
     try:
         arrays = {k: g[k][()] for k in required}
-    except Exception as e:  # decompression/IO errors of a damaged file
-        bad(f"unreadable data ({type(e).__name__}: {e})")
+        if "action_labels" in g:
+            g["action_labels"][()]  # read to check it
+    except Exception as e:  # a failed checksum or decompression: the file is damaged
+        bad(f"damaged data: a checksum or decompression failed ({type(e).__name__}: {e}); collect it again or "
+            "restore the file from a copy")
         return 0, 0, False
 
     main, wrist, proprio = arrays[f"obs/{MAIN_KEY}"], arrays[f"obs/{WRIST_KEY}"], arrays[f"obs/{PROPRIO_KEY}"]
@@ -136,7 +144,8 @@ def validate_file(path: str | os.PathLike) -> FileReport:
         if n != len(names):
             report.problems.append(f"/data says num_episodes={n} but holds {len(names)} episode groups")
         for name in names:
-            frames, steps, success = _check_episode(name, data[name], report.problems)
+            frames, steps, success = _check_episode(name, data[name], report.problems,
+                                                    checksums=f.attrs.get("checksums") == CHECKSUMS)
             report.episodes += 1
             report.frames += frames
             report.steps += steps

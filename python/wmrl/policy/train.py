@@ -43,6 +43,7 @@ class SFTJob:
     init: str | None = None  # checkpoint folder whose weights (and statistics) start a fresh run
     resume: str = "auto"  # "auto": newest full checkpoint if any; "N": that step (must be full)
     stop_after: int | None = None  # stop (with a full checkpoint) at this step; the schedule still targets sft.steps
+    allow_new_data: bool = False  # resume even when the data files differ from those the run trained on
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True
     tensorboard: bool = True
@@ -51,6 +52,28 @@ class SFTJob:
 
 
 # ----------------------------------------------------------------------------------- plan
+def check_same_data(loaded, files: list[Path]) -> None:
+    """A resumed run continues on the data it was trained on: refuse other files, naming the
+    first difference (``--allow-new-data`` resumes anyway)."""
+    from wmrl.fileio import sha256_file
+
+    before = {Path(d["path"]).name: d["sha256"] for d in loaded.meta.get("data", {}).get("files", [])}
+    if not before:
+        return  # an older checkpoint without the record
+    now = {Path(f).name: f for f in files}
+    for name in sorted(set(before) | set(now)):
+        if name not in now:
+            why = f"{name} was in the data of {loaded.path} and is not in this run's data"
+        elif name not in before:
+            why = f"{now[name]} is new: {loaded.path} was trained without it"
+        elif sha256_file(now[name]) != before[name]:
+            why = f"{now[name]} changed since {loaded.path} was trained on it (SHA-256 {before[name][:12]}...)"
+        else:
+            continue
+        raise ck.CheckpointError(f"resume on other data: {why}; pass --allow-new-data to continue on it anyway, "
+                                 "or start a new RUN")
+
+
 def find_resume(job: SFTJob) -> ck.CheckpointInfo | None:
     """The checkpoint this job continues from, or None for a fresh start (cheap: no loading)."""
     cks = ck.list_checkpoints(job.run, KIND)
@@ -201,6 +224,8 @@ def main(job: SFTJob) -> dict:
     # 2. data, decoded once into memory (on the GPU when training there)
     t0 = time.perf_counter()
     files = find_files(job.data)
+    if loaded is not None and is_main and not job.allow_new_data:
+        check_same_data(loaded, files)
     episodes = read_episodes(files, sc.num_workers)
     data = DemoData(episodes, chunk=cfg.chunk_size, val_ratio=sc.val_ratio, seed=sc.seed,
                     device=device, tasks=job.tasks)

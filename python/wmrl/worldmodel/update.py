@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from wmrl.config import ConfigError
 from wmrl.fileio import read_json, write_json
 from wmrl.layout import RunLayout
+from wmrl.procs import die_with_parent
 from wmrl.worldmodel.train import STOP_FILE
 
 
@@ -90,6 +91,16 @@ class ViewLaunch:
         return env
 
 
+def failure(view: str, code: int, log_path: str) -> str:
+    """The view's own one-line reason (its last ``error:`` line) with where the full log is."""
+    try:
+        lines = [ln for ln in open(log_path, errors="replace").read().splitlines() if ln.startswith("error: ")]
+    except OSError:
+        lines = []
+    reason = f": {lines[-1][len('error: '):]}" if lines else ""
+    return f"the {view}-view training failed (exit {code}){reason}; full log {log_path}"
+
+
 def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, hostfile: str | None = None,
                max_s: float | None = None, poll_s: float = 2.0, log=print) -> dict:
     """Train both views concurrently with the stop rule; returns (and writes) the selection.
@@ -111,25 +122,26 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
         for v in (main, wrist):
             cmd = v.command(hostfile)
             log(f"[wm-update] {v.view}: {' '.join(cmd)}  (GPUs {v.gpus or 'none: CPU'}; log {logs[v.view].name})")
-            procs[v.view] = subprocess.Popen(cmd, env=v.env(), stdout=logs[v.view], stderr=subprocess.STDOUT)
+            # a view trainer dies with this controller: a killed update never leaves writers behind
+            procs[v.view] = subprocess.Popen(cmd, env=v.env(), stdout=logs[v.view], stderr=subprocess.STDOUT,
+                                             preexec_fn=die_with_parent)
         # the wrist model decides: when it finishes, the main model stops after its next update
         timed_out = False
         while procs["wrist"].poll() is None:
             if procs["main"].poll() not in (None, 0):
-                raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); "
-                                   f"see {logs['main'].name}")
+                raise UpdateError(failure("main", procs["main"].returncode, logs["main"].name))
             if max_s is not None and not timed_out and time.perf_counter() - t0 >= max_s:
                 timed_out = True
                 log(f"[wm-update] time limit of {max_s:.0f} s: asking wrist to stop after its next update")
                 (view_dir("wrist") / STOP_FILE).touch()
             time.sleep(poll_s)
         if procs["wrist"].returncode != 0:
-            raise UpdateError(f"the wrist-view training failed (exit {procs['wrist'].returncode}); see {logs['wrist'].name}")
+            raise UpdateError(failure("wrist", procs["wrist"].returncode, logs["wrist"].name))
         ended = "stopped at the time limit" if timed_out else "reached its target"
         log(f"[wm-update] wrist {ended} after {time.perf_counter() - t0:.0f} s; asking main to stop")
         (view_dir("main") / STOP_FILE).touch()
         if procs["main"].wait() != 0:
-            raise UpdateError(f"the main-view training failed (exit {procs['main'].returncode}); see {logs['main'].name}")
+            raise UpdateError(failure("main", procs["main"].returncode, logs["main"].name))
     finally:
         for p in procs.values():
             if p.poll() is None:
