@@ -140,8 +140,10 @@ grpo: setup
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
 # MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
+# The controller needs only the standard library: it runs on the host (python3) in both runtimes
+# and starts each stage with $(TRAIN_PY) / $(WM_PY).
 cycle: setup
-	$(TRAIN_PY) python/cycle.py --profile $(PROFILE) --run $(RUN) $(call opt,--cycles,$(CYCLES)) \
+	python3 python/cycle.py --profile $(PROFILE) --run $(RUN) $(call opt,--cycles,$(CYCLES)) \
 		$(call opt,--grpo-steps,$(GRPO_STEPS)) $(call opt,--episodes,$(EPISODES)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)

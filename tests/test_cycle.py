@@ -213,3 +213,14 @@ def test_report_renders_in_a_browser_with_every_image_loaded(tmp_path):
     pixels = Image.open(shot).convert("L")
     lo, hi = pixels.getextrema()
     assert hi - lo > 100, "the page rendered blank"
+
+
+def test_the_controller_needs_only_the_standard_library_and_takes_makes_runners(tmp_path, calls):
+    code = ("import sys; sys.path.insert(0, 'python'); import cycle, wmrl.cycle, wmrl.preflight, wmrl.procs\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'h5py', 'matplotlib', 'tqdm'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr  # the host's python3 runs it in both runtimes
+    run = new_run(tmp_path)
+    runner = [f"PYTHONPATH={REPO / 'python'}", *FAKE]  # how Make's RUNTIME=docker runners begin
+    main(CycleJob(run=run, cfg=get_config("cycle_tiny"), profile="tiny", train_py=runner, wm_py=runner, report=False))
+    assert "grpo" in called(calls)

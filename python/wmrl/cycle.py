@@ -175,7 +175,9 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
 
 
 def command(job: CycleJob, stage: Stage) -> list[str]:
-    return [*(job.train_py if stage.side == "train" else job.wm_py), *stage.args]
+    cmd = [*(job.train_py if stage.side == "train" else job.wm_py), *stage.args]
+    # Make's runners may start with settings (RUNTIME=docker: PYTHONPATH=python .venv/driver/bin/python -m ...)
+    return ["env", *cmd] if "=" in cmd[0] else cmd
 
 
 def stage_env(job: CycleJob) -> dict:
@@ -301,6 +303,7 @@ def build_report(job: CycleJob) -> None:
     from wmrl.procs import run_child
 
     cmd = [*job.train_py, "-m", "wmrl.report", "--run", str(job.run)]
+    cmd = ["env", *cmd] if "=" in cmd[0] else cmd
     rc = run_child(cmd, log=RunLayout(job.run).logs / "cycle" / "report.log", env=stage_env(job), cwd=REPO)
     if rc != 0:
         raise CycleError(f"the report failed (exit {rc}); see {RunLayout(job.run).logs / 'cycle' / 'report.log'}")

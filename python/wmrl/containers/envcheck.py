@@ -138,19 +138,24 @@ def check_jit(enabled: bool, log_dir: Path) -> dict:
 
 def check_modules(env: str) -> dict:
     """Import every stage's modules of ``env`` in a child process; validate every named config."""
-    code = ("import importlib, json, sys\nbad = {}\n"
+    # a package this environment does not install is the lock check's business (a locked one
+    # missing fails there); here an import fails the check when the kit's own code is broken
+    code = ("import importlib, json, sys\nbad, absent = {}, {}\n"
             f"for m in {STAGE_MODULES[env]!r}:\n"
             "    try:\n        importlib.import_module(m)\n"
+            "    except ModuleNotFoundError as e:\n"
+            "        if e.name and not e.name.startswith('wmrl'):\n            absent[m] = e.name\n"
+            "        else:\n            bad[m] = f'{type(e).__name__}: {e}'[:300]\n"
             "    except Exception as e:\n        bad[m] = f'{type(e).__name__}: {e}'[:300]\n"
             "from wmrl.config import config_names, get_config\n"
             "for n in config_names():\n"
             "    try:\n        get_config(n)\n"
             "    except Exception as e:\n        bad['config ' + n] = str(e)[:300]\n"
-            "print(json.dumps(bad))")
+            "print(json.dumps({'failed': bad, 'not_installed': absent}))")
     out = _probe(code)
     if "error" in out:
         return {"status": "fail", "error": out["error"]}
-    return {"status": "fail" if out else "ok", "modules": len(STAGE_MODULES[env]), "failed": out}
+    return {"status": "fail" if out["failed"] else "ok", "modules": len(STAGE_MODULES[env]), **out}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ checkpoint in ``RUN/weights/sft``: weights, optimizer, schedule, RNG states, sam
 position and EMA all come back, so on one device an interrupted run ends with the same
 parameters as an uninterrupted one.
 
+Read top to bottom: ``init_state`` (process group, what we continue from, data, model,
+optimizer, EMA), ``train_step`` (one optimizer step), ``validate``, ``save``, and ``main``:
+the short loop with its logging and checkpoint cadence.
+
 Writes ``RUN/weights/sft/global_step_N/`` (``checkpoint``; GRPO's steps live in ``weights/policy``), ``RUN/latest_policy.json``,
 ``RUN/logs/sft.jsonl`` (one JSON record per log/validation event) and TensorBoard events in
 ``RUN/logs/tensorboard/sft``.
@@ -176,8 +180,45 @@ class Batcher:
         return main, wrist, lang, proprio, actions, mask
 
 
-# ----------------------------------------------------------------------------------- main
-def main(job: SFTJob) -> dict:
+# ----------------------------------------------------------------------------------- state
+@dataclass
+class Learner:
+    """What a supervised step changes or reads (``train_step``, ``validate``, ``save``)."""
+
+    model: Any  # FlowPolicy (trained)
+    ema: EMA | None  # its EMA, the weights saved and evaluated (when sft.ema > 0)
+    opt: Any
+    sched: Any
+    sampler: Any  # EpochSampler: the position in the data, part of the full state
+    objective: Any  # batch -> loss (DDP-wrapped under torchrun)
+    batcher: Batcher
+    autocast: Any
+    data: Any  # DemoData in memory
+    sc: SFTConfig
+    local_batch: int
+    device: Any
+
+
+@dataclass
+class SFTState:
+    """``init_state``'s result: the learner and what the loop, the logs and the saves need."""
+
+    learner: Learner
+    start: int
+    stop: int
+    world: int
+    is_main: bool
+    say: Any
+    norm: Any
+    lang: Any
+    source: Any  # the checkpoint resumed or initialised from (its statistics and language cache), or None
+    data_meta: dict
+    nparams: int
+
+
+def init_state(job: SFTJob) -> SFTState | dict:
+    """Process group, what we continue from, data, model, optimizer, EMA; a dict (the final
+    result) when there is nothing to train."""
     import torch
 
     from wmrl.fileio import sha256_file
@@ -294,80 +335,101 @@ def main(job: SFTJob) -> dict:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         objective = DDP(objective, device_ids=[local_rank] if use_cuda else None)
-    batcher = Batcher(data, lang_table, norm, cfg, device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda and sc.bf16)
+    learner = Learner(model, ema, opt, sched, sampler, objective, Batcher(data, lang_table, norm, cfg, device),
+                      torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda and sc.bf16), data, sc,
+                      local_batch, device)
+    return SFTState(learner, start, stop, world, is_main, say, norm, lang, source, data_meta, nparams)
 
-    # 4. logs
-    layout = RunLayout(run)
-    metrics = MetricsLog(layout.log("sft"), tag="sft", tensorboard=layout.tensorboard("sft") if job.tensorboard else None,
-                         start_step=start, enabled=is_main, say=say)
-    log = metrics.write
 
-    def validate() -> float | None:
-        if data.val.size == 0:
-            return None
-        net = ema.net if ema is not None else model
-        net.eval()
-        total, count = 0.0, 0
-        n = min(data.val.size, VAL_MAX_SAMPLES)
-        devices = [device] if use_cuda else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast:
-            torch.manual_seed(sc.seed + 12345)
-            for s in range(0, n, local_batch):
-                idx = torch.arange(s, min(n, s + local_batch))
-                main_, wrist_, lang_, prop_, act_, mask_ = batcher(data.val, idx, train=False)
-                from wmrl.policy.model import flow_matching_loss
+# ----------------------------------------------------------------------------------- one step
+def train_step(L: Learner, step: int):
+    """One optimizer step on the next batch; returns the loss (on the device: no host sync)
+    and the gradient norm."""
+    import torch
 
-                loss = flow_matching_loss(net, net.encode(main_, wrist_, lang_, prop_), act_, mask_)
-                total += float(loss) * len(idx)
-                count += len(idx)
-        net.train()
-        return total / max(1, count)
+    batch = L.batcher(L.data.train, L.sampler.next(L.local_batch), train=True)
+    with L.autocast:
+        loss = L.objective(*batch)
+    L.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(L.model.parameters(), L.sc.grad_clip if L.sc.grad_clip > 0 else float("inf"))
+    L.opt.step()
+    L.sched.step()
+    if L.ema is not None:
+        L.ema.update(L.model, min(L.sc.ema, (1 + step) / (10 + step)))  # a short warm-up of the decay
+    return loss.detach().float(), gnorm
 
-    def save(step: int, full: bool, last_losses: dict) -> Path:
-        state = None
-        if full:
-            state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                     "rng": rng.capture(), "sampler": sampler.state_dict(),
-                     "model": model.state_dict() if ema is not None else None,
-                     "world_size": world, "sft": asdict(sc)}
-        extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": data_meta,
-                 "losses": last_losses, "norm_from": str(source.path) if source is not None else "training episodes",
-                 "command": job.command, **job.extra}
-        path = ck.save_checkpoint(ck.step_dir(run, step, KIND), ema.net if ema is not None else model,
-                                  step=step, image_size=data.image_size, norm=norm, lang=lang, train_state=state,
-                                  extra=extra)
-        ck.update_latest(run, resume_command=job.command)
-        return path
 
-    # 5. the loop
+def validate(L: Learner) -> float | None:
+    """Flow-matching loss of the saved weights (the EMA's) on the validation episodes, with
+    fixed noise and times, without touching training's RNG."""
+    import torch
+
+    from wmrl.policy.model import flow_matching_loss
+
+    if L.data.val.size == 0:
+        return None
+    net = L.ema.net if L.ema is not None else L.model
+    net.eval()
+    total, count = 0.0, 0
+    n = min(L.data.val.size, VAL_MAX_SAMPLES)
+    devices = [L.device] if L.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), L.autocast:
+        torch.manual_seed(L.sc.seed + 12345)
+        for s in range(0, n, L.local_batch):
+            idx = torch.arange(s, min(n, s + L.local_batch))
+            main_, wrist_, lang_, prop_, act_, mask_ = L.batcher(L.data.val, idx, train=False)
+            loss = flow_matching_loss(net, net.encode(main_, wrist_, lang_, prop_), act_, mask_)
+            total += float(loss) * len(idx)
+            count += len(idx)
+    net.train()
+    return total / max(1, count)
+
+
+def save(S: SFTState, job: SFTJob, step: int, full: bool, last_losses: dict) -> Path:
+    """Weights (the EMA's), statistics, language cache; with ``full`` the training state too."""
+    L, sc = S.learner, job.sft
+    state = None
+    if full:
+        state = {"step": step, "optimizer": L.opt.state_dict(), "scheduler": L.sched.state_dict(),
+                 "rng": rng.capture(), "sampler": L.sampler.state_dict(),
+                 "model": L.model.state_dict() if L.ema is not None else None,
+                 "world_size": S.world, "sft": asdict(sc)}
+    extra = {"sft": asdict(sc), "profile": job.profile, "ema": sc.ema > 0, "data": S.data_meta,
+             "losses": last_losses, "norm_from": str(S.source.path) if S.source is not None else "training episodes",
+             "command": job.command, **job.extra}
+    path = ck.save_checkpoint(ck.step_dir(job.run, step, KIND), L.ema.net if L.ema is not None else L.model,
+                              step=step, image_size=L.data.image_size, norm=S.norm, lang=S.lang, train_state=state,
+                              extra=extra)
+    ck.update_latest(job.run, resume_command=job.command)
+    return path
+
+
+# ----------------------------------------------------------------------------------- the loop
+def main(job: SFTJob) -> dict:
     from tqdm import tqdm
 
-    bar = tqdm(total=sc.steps, initial=start, desc="sft", unit="step", disable=not (job.progress and is_main),
+    S = init_state(job)
+    if isinstance(S, dict):
+        return S  # nothing to train
+    L, sc, say = S.learner, job.sft, S.say
+    layout = RunLayout(job.run)
+    metrics = MetricsLog(layout.log("sft"), tag="sft", tensorboard=layout.tensorboard("sft") if job.tensorboard else None,
+                         start_step=S.start, enabled=S.is_main, say=say)
+    bar = tqdm(total=sc.steps, initial=S.start, desc="sft", unit="step", disable=not (job.progress and S.is_main),
                dynamic_ncols=True)
-    model.train()
+    L.model.train()
     last = {"loss": float("nan"), "val_loss": None}
     saved: list[str] = []
     t_log, n_log, t_start, trained = time.perf_counter(), 0, time.perf_counter(), 0
     loss_sum = 0.0
     try:
-        for step in range(start + 1, stop + 1):
-            idx = sampler.next(local_batch)
-            batch = batcher(data.train, idx, train=True)
-            with autocast:
-                loss = objective(*batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), sc.grad_clip if sc.grad_clip > 0 else float("inf"))
-            opt.step()
-            sched.step()
-            if ema is not None:
-                ema.update(model, min(sc.ema, (1 + step) / (10 + step)))  # a short warm-up of the decay
-            # no host sync per step: losses are summed on the device and read at log time
-            loss_sum = loss_sum + loss.detach().float()
+        for step in range(S.start + 1, S.stop + 1):
+            loss, gnorm = train_step(L, step)
+            loss_sum = loss_sum + loss  # summed on the device, read at log time
             n_log += 1
             trained += 1
-            if step % sc.log_interval == 0 or step == stop:
+            if step % sc.log_interval == 0 or step == S.stop:
                 mean_loss = float(loss_sum) / n_log
                 if not math.isfinite(mean_loss):
                     raise FloatingPointError(f"loss is {mean_loss} near step {step}; lower --lr (rerunning resumes "
@@ -375,24 +437,23 @@ def main(job: SFTJob) -> dict:
                 now = time.perf_counter()
                 sps = n_log * sc.batch_size / max(1e-9, now - t_log)
                 last["loss"] = mean_loss
-                rec = {"step": step, "loss": mean_loss, "lr": sched.get_last_lr()[0], "grad_norm": float(gnorm),
-                       "samples_per_s": round(sps, 1), "epoch": sampler.epoch, "time": time.time()}
-                log(rec)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{sps:.0f}")
+                metrics.write({"step": step, "loss": mean_loss, "lr": L.sched.get_last_lr()[0], "grad_norm": float(gnorm),
+                               "samples_per_s": round(sps, 1), "epoch": L.sampler.epoch, "time": time.time()})
+                bar.set_postfix(loss=f"{mean_loss:.4f}", sps=f"{sps:.0f}")
                 t_log, n_log, loss_sum = now, 0, 0.0
-            if step % sc.eval_interval == 0 or step == stop:
-                v = validate() if is_main else None
+            if step % sc.eval_interval == 0 or step == S.stop:
+                v = validate(L) if S.is_main else None
                 if v is not None:
                     last["val_loss"] = v
-                    log({"step": step, "val_loss": v, "time": time.time()})
-            if is_main and (step % sc.save_interval == 0 or step == stop):
-                full = step % sc.full_interval == 0 or step == stop
-                saved.append(str(save(step, full, dict(last))))
+                    metrics.write({"step": step, "val_loss": v, "time": time.time()})
+            if S.is_main and (step % sc.save_interval == 0 or step == S.stop):
+                full = step % sc.full_interval == 0 or step == S.stop
+                saved.append(str(save(S, job, step, full, dict(last))))
             bar.update(1)
     finally:
         bar.close()
         metrics.close()
-        if world > 1:
+        if S.world > 1:
             import torch.distributed as dist
 
             dist.destroy_process_group()
@@ -402,13 +463,13 @@ def main(job: SFTJob) -> dict:
         + (f", val {last['val_loss']:.4f}" if last["val_loss"] is not None else ""))
     if saved:
         say(f"[sft] newest checkpoint: {saved[-1]}")
-    if is_main and metrics.path.exists():
+    if S.is_main and metrics.path.exists():
         from wmrl.plots import loss_curve
 
         if (png := loss_curve(metrics.path, layout.logs / "sft_loss.png")) is not None:
             say(f"[sft] loss curve: {png}")
-    return {"step": stop, "trained_steps": trained, "checkpoints": saved, "samples_per_s": sps, **last,
-            "parameters": nparams}
+    return {"step": S.stop, "trained_steps": trained, "checkpoints": saved, "samples_per_s": sps, **last,
+            "parameters": S.nparams}
 
 
 def _init_path(init: str, run: Path) -> Path:
