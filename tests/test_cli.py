@@ -78,3 +78,16 @@ def test_a_stage_refuses_a_folder_another_writer_holds(tmp_path):
     assert not ran
     cli.plan_or_run("sft", False, dict, lambda: ran.append(1), writes=tmp_path / "weights")
     assert ran == [1]
+
+
+def test_os_errors_are_one_line_with_what_to_do(root, tmp_path):
+    a_file = tmp_path / "plain_file"
+    a_file.write_text("x")
+    r = _run(root, "collect_demos.py", "--profile", "tiny", "--out", str(a_file / "demos"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: {a_file / 'demos'}: Not a directory (a file stands where a folder "
+                                             "is needed: choose another RUN/OUT)"]
+    assert cli.os_error_line(FileExistsError(17, "File exists", "runs/x")) == \
+        "runs/x: File exists (use OVERWRITE=1 or another OUT)"
+    assert cli.os_error_line(FileExistsError("runs/x/pair.json exists; pass --overwrite")) == \
+        "runs/x/pair.json exists; pass --overwrite"

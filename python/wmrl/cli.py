@@ -21,11 +21,31 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileExistsError
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
-    from wmrl.data.trajectory import TrajectoryError
-    from wmrl.evaluation.harness import EvaluationError
-    from wmrl.gl import RendererError
+    out = EXPECTED_ERRORS
+    try:  # the standard-library-only callers (the cycle's controller) have none of these
+        from wmrl.data.trajectory import TrajectoryError
+        from wmrl.evaluation.harness import EvaluationError
+        from wmrl.gl import RendererError
 
-    return EXPECTED_ERRORS + (TrajectoryError, EvaluationError, RendererError)
+        out += (TrajectoryError, EvaluationError, RendererError)
+    except ImportError:
+        pass
+    return out
+
+
+# what to do about an OS error, by errno: said after the OS's own words
+_OS_HINTS = {17: "use OVERWRITE=1 or another OUT", 13: "choose a folder you can write", 30: "choose a writable folder",
+             20: "a file stands where a folder is needed: choose another RUN/OUT", 21: "a folder stands where a file "
+             "is needed", 28: "free some disk space (stages resume where they stopped)", 2: "check the path"}
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OS error: the path, the OS's words, what to do."""
+    if e.errno is None or e.strerror is None:  # raised by the kit with its own message
+        return str(e.args[0]) if e.args else type(e).__name__
+    where = f"{e.filename}: " if e.filename else ""
+    hint = _OS_HINTS.get(e.errno)
+    return f"{where}{e.strerror}" + (f" ({hint})" if hint else "")
 
 
 COMMON_FIELDS = ("tasks", "workers", "seed")  # config fields whose flags ``add_common`` makes
@@ -148,8 +168,15 @@ def run(main: Callable[[], int | None],
     try:
         code = main()
     except expected_errors() + extra_errors() as e:
-        msg = e.args[0] if isinstance(e, (FileExistsError, FileNotFoundError)) and e.args else str(e)
+        msg = os_error_line(e) if isinstance(e, OSError) else str(e)
         print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # the disk, permissions, paths: one line too (WMRL_DEBUG=1 shows the traceback)
+        import os
+
+        if os.environ.get("WMRL_DEBUG") == "1":
+            raise
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to continue where it stopped", file=sys.stderr)

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,16 @@ def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
     _wm(["--view", "main", "--steps", "6", "--stop-after", "3"], split)
     status = json.loads((split / "worldmodels/main/status.json").read_text())
     assert status["step"] == 3 and (split / "worldmodels/main/deepspeed/global_step3").is_dir()
+    # a byte flipped in the DeepSpeed checkpoint: refused before anything loads, naming the file
+    tampered = manifest_run.parent / "tampered"
+    shutil.copytree(split, tampered)
+    (tampered / "manifest.json").write_text((split / "manifest.json").read_text())
+    shard = sorted((tampered / "worldmodels/main/deepspeed/global_step3").rglob("*.pt"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    shard.write_bytes(bytes(raw))
+    r = _wm(["--view", "main", "--steps", "6"], tampered, check=False)
+    assert r.returncode == 2 and f"{shard} is missing or changed since it was saved" in r.stderr
     _wm(["--view", "main", "--steps", "6"], split)
     from safetensors.torch import load_file
 
@@ -363,7 +374,9 @@ def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(man
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("[wm main] step 3") == 1  # rank 0 reports
     state = json.loads((run / "worldmodels/main/deepspeed/wmrl_state.json").read_text())
+    files = state.pop("files")
     assert state == {"step": 3, "world_size": 2, "tag": "global_step3"}
+    assert files and all(k.startswith("global_step3/") and len(v) == 64 for k, v in files.items())  # every shard hashed
     again = _wm(["--view", "main", "--steps", "6"], run, check=False)
     assert again.returncode == 2 and "saved by 2 process(es), this run has 1" in again.stderr
 

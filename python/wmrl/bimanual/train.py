@@ -266,18 +266,20 @@ def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, me
     return final
 
 
-def _torch_load(path: Path):
+def _torch_load(root: Path, name: str):
+    """A file of an iteration root, its SHA-256 checked against checkpoint.json first (where
+    listed: a hand-made base may list none), then loaded as tensors and plain containers only
+    (no pickled code)."""
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=False)
+    digest = read_root(root).get("files", {}).get(name)
+    if digest is not None and (not (root / name).is_file() or sha256_file(root / name) != digest):
+        raise TrainError(f"{root / name}: missing or its SHA-256 differs from checkpoint.json; the checkpoint is damaged")
+    return torch.load(root / name, map_location="cpu", weights_only=True)
 
 
 def load_net_state(root: Path, *, use_ema: bool = False) -> dict:
-    meta = read_root(root)
-    for f, digest in meta.get("files", {}).items():
-        if f == "model.pt" and sha256_file(root / f) != digest:
-            raise TrainError(f"{root / f}: sha256 differs from checkpoint.json; the checkpoint is damaged")
-    state = _torch_load(root / "model.pt")
+    state = _torch_load(root, "model.pt")
     return state["net_ema"] if use_ema and state.get("net_ema") is not None else state["net"]
 
 
@@ -354,13 +356,13 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
                 rmeta.get("parallelism", {}).get("world_size", 1) != dist.world:
             raise TrainError(f"{root} was saved with {rmeta.get('parallelism')}; resume with the same parallelism and "
                              f"number of processes (now {plan['parallelism']['backend']}, {dist.world})")
-        state = _torch_load(root / "model.pt")
+        state = _torch_load(root, "model.pt")
         net.load_state_dict(state["net"], strict=True)
         if not use_ds:
-            o = _torch_load(root / "optim.pt")
+            o = _torch_load(root, "optim.pt")
             opt.load_state_dict(o["optimizer"])
             sched.load_state_dict(o["scheduler"])
-        ts = _torch_load(root / dist.state_file())
+        ts = _torch_load(root, dist.state_file())
         if ema:
             ema.net.load_state_dict(state["net_ema"], strict=True)  # restored, not re-copied
             ema.copies = ts["ema_copies"]

@@ -100,8 +100,9 @@ def check_compiler(log_dir: Path, include: str | None = None) -> dict:
         r = subprocess.run(cmd, capture_output=True, text=True)
         (log_dir / "compile.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
         if r.returncode != 0:
-            return {"status": "fail", "error": f"compiling a C extension failed (exit {r.returncode}): "
-                                               f"{(r.stderr.strip().splitlines() or [''])[-1][:200]}; log {log_dir / 'compile.log'}"}
+            last = (r.stderr.strip().splitlines() or [""])[-1][:200]
+            return {"status": "fail", "error": f"compiling a C extension failed (exit {r.returncode}): {last}; "
+                                               f"log {log_dir / 'compile.log'}"}
         spec = importlib.util.spec_from_file_location("wmrl_probe", lib)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

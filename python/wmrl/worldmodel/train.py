@@ -114,12 +114,24 @@ def check_files(files) -> None:
 
 
 def check_resume(state_file: Path, world: int) -> None:
-    """A DeepSpeed checkpoint resumes only with the world size it was saved with."""
-    if state_file.exists():
-        saved = json.loads(state_file.read_text())
-        if saved.get("world_size") != world:
-            raise WMConfigError(f"{state_file.parent} was saved by {saved.get('world_size')} process(es), this run has "
-                                f"{world}: resume with the same GPU group size, or start a new RUN")
+    """A DeepSpeed checkpoint resumes only with the world size it was saved with, and only
+    when every file of it is the one written (SHA-256 recorded at save; DeepSpeed's own load
+    unpickles its client state, so nothing unverified reaches it)."""
+    if not state_file.exists():
+        return
+    saved = json.loads(state_file.read_text())
+    if saved.get("world_size") != world:
+        raise WMConfigError(f"{state_file.parent} was saved by {saved.get('world_size')} process(es), this run has "
+                            f"{world}: resume with the same GPU group size, or start a new RUN")
+    latest = state_file.parent / "latest"
+    if saved.get("tag") and latest.exists() and latest.read_text().strip() != saved["tag"]:
+        raise WMConfigError(f"{latest} names {latest.read_text().strip()}, the run's record {saved['tag']}: the "
+                            f"folder was changed by hand; remove {state_file.parent} to start this view afresh")
+    for rel, sha in saved.get("files", {}).items():
+        f = state_file.parent / rel
+        if not f.is_file() or sha256_file(f) != sha:
+            raise WMConfigError(f"{f} is missing or changed since it was saved (SHA-256 differs): remove "
+                                f"{state_file.parent} to start this view afresh, or put the original back")
 
 
 class Objective(torch.nn.Module):
@@ -204,12 +216,12 @@ def main(job: WMJob) -> dict:
     layout = RunLayout(job.run)
     out = layout.wm_view(job.view)
     out.mkdir(parents=True, exist_ok=True)
-    manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
     t = job.train
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    ds_cfg = ds_config(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu), t, on_gpu, world_env)
     ckpt_dir = out / "deepspeed"
-    check_resume(ckpt_dir / "wmrl_state.json", world_env)
+    check_resume(ckpt_dir / "wmrl_state.json", world_env)  # before anything loads
+    manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
+    ds_cfg = ds_config(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu), t, on_gpu, world_env)
     rank, world = init_distributed(on_gpu)
     torch.manual_seed(t.seed + rank)
 
@@ -242,13 +254,16 @@ def main(job: WMJob) -> dict:
     def save(reason: str) -> None:
         rngs = [None] * world
         dist.all_gather_object(rngs, rng.capture())
-        engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{step}", client_state={
+        tag = f"global_step{step}"
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={
             "step": step, "sampler": sampler.state_dict(), "rng": rngs, "config_name": job.profile,
             "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
+        dist.barrier()  # every rank's shard is on disk before rank 0 hashes them
         export_weights(engine, layout.wm_view(job.view) / step_name(step), job.model, stats, {**meta, "step": step},
                        rank == 0)
         if rank == 0:
-            write_json(ckpt_dir / "wmrl_state.json", {"step": step, "world_size": world, "tag": f"global_step{step}"})
+            files = {str(f.relative_to(ckpt_dir)): sha256_file(f) for f in sorted((ckpt_dir / tag).rglob("*")) if f.is_file()}
+            write_json(ckpt_dir / "wmrl_state.json", {"step": step, "world_size": world, "tag": tag, "files": files})
             write_json(out / "status.json", {"view": job.view, "step": step, "target": t.steps, "reason": reason,
                                              "weights": str(out / step_name(step))})
 

@@ -91,6 +91,13 @@ def test_resume_restores_every_state(stage_cfg):
     first = train(cfg, progress=False, stop_after=6)  # "killed" after 6 iterations; last save at 4
     assert first["final_iteration"] == 6 and first["ema_copies"] == 1
     assert resolve(cfg)["load"]["kind"] == "resume"
+    # a damaged file of the root is refused before it is unpickled
+    state_file = Path(resolve(cfg)["load"]["path"]) / "trainer_state.pt"
+    good = state_file.read_bytes()
+    state_file.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(TrainError, match="trainer_state.pt: missing or its SHA-256 differs"):
+        train(cfg, progress=False)
+    state_file.write_bytes(good)
     second = train(cfg, progress=False)
     assert second["resumed"] and second["start_iteration"] == 4 and second["final_iteration"] == 8
     assert second["ema_copies"] == 1  # restored, never copied a second time
