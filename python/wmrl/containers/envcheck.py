@@ -131,7 +131,10 @@ def check_jit(enabled: bool, log_dir: Path) -> dict:
     if not enabled:
         return {"status": "skipped", "why": "JIT_SMOKE=1 runs it (needs a GPU)"}
     with tempfile.TemporaryDirectory() as cache:
-        out = _probe(JIT_PROBE, {**os.environ, "TRITON_CACHE_DIR": cache})
+        script = Path(cache) / "jit_probe.py"  # Triton reads a kernel's source from its file
+        script.write_text(JIT_PROBE)
+        out = _probe(f"exec(compile(open({str(script)!r}).read(), {str(script)!r}, 'exec'))",
+                     {**os.environ, "TRITON_CACHE_DIR": str(Path(cache) / "triton")})
     if "error" in out or not out.get("ok"):
         return {"status": "fail", "error": out.get("error", "the kernel's result is wrong")}
     return {"status": "ok", **out}
