@@ -1,10 +1,11 @@
 """Train one world model (one view) with DeepSpeed: ``python python/wm_update.py --view main``.
 
-Read top to bottom: check inputs (manifest hashes) -> decode transitions -> DeepSpeed engine
-from the JSON config (ZeRO stage and precision there; micro batch, accumulation 4, learning
-rate, clipping and schedule filled in from ``WMTrainConfig``) -> resume from the newest
-DeepSpeed checkpoint if there is one -> loop over optimizer updates -> save every
-``save_interval`` updates and at the end.
+Read top to bottom: ``init_state`` checks inputs (the DeepSpeed checkpoint's and the
+manifest's hashes), decodes transitions, builds the DeepSpeed engine from the JSON config
+(ZeRO stage and precision there; micro batch, accumulation 4, learning rate, clipping and
+schedule filled in from ``WMTrainConfig``) and resumes the newest checkpoint if there is one;
+``train_step`` is one optimizer update; ``validate``; ``save`` every ``save_interval`` updates
+and at the end; ``main`` is the short loop with the stop rule.
 
 Files (``V`` = main or wrist), all under ``RUN/worldmodels/V/``:
 
@@ -27,6 +28,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -200,10 +202,30 @@ def init_from_pair(model, pair_dir: Path, view: str) -> None:
     model.load_state_dict(src.state_dict())
 
 
-def main(job: WMJob) -> dict:
+@dataclass
+class WMState:
+    """``init_state``'s result: what ``train_step``, ``validate``, ``save`` and the loop use."""
+
+    job: WMJob
+    engine: Any  # the DeepSpeed engine (model, optimizer, schedule, precision)
+    train: Any  # Transitions
+    val: Any  # Transitions or None
+    sampler: Any  # MixedSampler (new data at the manifest's ratio), part of the client state
+    stats: dict  # proprio statistics (saved with the inference weights)
+    rank: int
+    world: int
+    device: Any
+    out: Path  # RUN/worldmodels/VIEW
+    ckpt_dir: Path  # its deepspeed/
+    manifest_sha: str
+    meta: dict  # config and lineage, recorded with every export
+    step: int  # updates done
+
+
+def init_state(job: WMJob) -> WMState:
+    """Inputs checked (the DeepSpeed checkpoint's hashes, the manifest's), data decoded, the
+    process group and engine built, and the newest checkpoint resumed if there is one."""
     import deepspeed
-    import torch.distributed as dist
-    from tqdm import tqdm
 
     from wmrl.lineage import git_commit
     from wmrl.worldmodel.data import MixedSampler, proprio_stats
@@ -213,8 +235,7 @@ def main(job: WMJob) -> dict:
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)
-    layout = RunLayout(job.run)
-    out = layout.wm_view(job.view)
+    out = RunLayout(job.run).wm_view(job.view)
     out.mkdir(parents=True, exist_ok=True)
     t = job.train
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
@@ -230,12 +251,10 @@ def main(job: WMJob) -> dict:
         init_from_pair(model, job.init_pair, job.view)  # the previous cycle's model, updated on the new data
     engine, _, _, _ = deepspeed.initialize(model=Objective(model, t.proprio_loss_weight),
                                            model_parameters=model.parameters(), config=ds_cfg)
-    stats = proprio_stats(train)
-    stats = {k: v.to(device) for k, v in stats.items()}
+    stats = {k: v.to(device) for k, v in proprio_stats(train).items()}
     sampler = MixedSampler(train.is_new, manifest["new_ratio"], seed=t.seed * 1000 + rank)
     manifest_sha = sha256_file(job.manifest)
 
-    # ---- resume
     step = 0
     if (ckpt_dir / "latest").exists():
         _, client = engine.load_checkpoint(str(ckpt_dir))
@@ -244,73 +263,95 @@ def main(job: WMJob) -> dict:
         step = int(client["step"])
         sampler.load_state_dict(client["sampler"])
         rng.restore(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
-    if step >= t.steps:  # finished in an earlier run: nothing to do
-        return {"view": job.view, "step": step, "reason": "already at target", "wall_s": 0.0,
-                "weights": str(out / step_name(step)), "samples_per_s": 0.0}
     lineage = {"profile": job.profile, "view": job.view, "git_commit": git_commit(), "manifest": str(job.manifest),
                "manifest_sha256": manifest_sha, "ds_config": ds_cfg, "world_size": world}
-    meta = {"train": asdict(t), **lineage}
+    return WMState(job, engine, train, val, sampler, stats, rank, world, device, out, ckpt_dir, manifest_sha,
+                   {"train": asdict(t), **lineage}, step)
 
-    def save(reason: str) -> None:
-        rngs = [None] * world
-        dist.all_gather_object(rngs, rng.capture())
-        tag = f"global_step{step}"
-        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={
-            "step": step, "sampler": sampler.state_dict(), "rng": rngs, "config_name": job.profile,
-            "git_commit": lineage["git_commit"], "manifest_sha256": manifest_sha})
-        dist.barrier()  # every rank's shard is on disk before rank 0 hashes them
-        export_weights(engine, layout.wm_view(job.view) / step_name(step), job.model, stats, {**meta, "step": step},
-                       rank == 0)
-        if rank == 0:
-            files = {str(f.relative_to(ckpt_dir)): sha256_file(f) for f in sorted((ckpt_dir / tag).rglob("*")) if f.is_file()}
-            write_json(ckpt_dir / "wmrl_state.json", {"step": step, "world_size": world, "tag": tag, "files": files})
-            write_json(out / "status.json", {"view": job.view, "step": step, "target": t.steps, "reason": reason,
-                                             "weights": str(out / step_name(step))})
 
-    def validate() -> float | None:
-        if val is None or t.val_batches == 0:
-            return None
-        engine.eval()
-        g = torch.Generator().manual_seed(12345)
-        losses = []
-        # the same batches and noise at every validation, without touching training's RNG
-        with torch.no_grad(), torch.random.fork_rng(devices=[device] if on_gpu else []):
-            torch.manual_seed(54321)
-            for _ in range(t.val_batches):
-                idx = torch.randint(val.size, (t.micro_batch,), generator=g).to(device)
-                b = val.batch(idx, job.view, job.model.condition_on_main, stats)
-                losses.append(float(engine(**b)[0]))
-        engine.train()
-        return sum(losses) / len(losses)
+def train_step(S: WMState) -> tuple[torch.Tensor, dict]:
+    """One optimizer update (``grad_accum`` micro batches; DeepSpeed steps at the boundary);
+    returns the last micro batch's loss and its parts."""
+    E, job = S.engine, S.job
+    parts = {}
+    for _ in range(E.gradient_accumulation_steps()):
+        b = S.train.batch(S.sampler.next(E.train_micro_batch_size_per_gpu()).to(S.device), job.view,
+                          job.model.condition_on_main, S.stats)
+        loss, parts = E(**b)
+        E.backward(loss)
+        E.step()
+    S.step += 1
+    return loss, parts
 
-    log = MetricsLog(layout.log(f"wm_{job.view}"), tag=f"wm_{job.view}", enabled=rank == 0)
-    bar = tqdm(total=t.steps, initial=step, desc=f"wm {job.view}", unit="update", disable=not job.progress or rank)
-    stop_requested = False
+
+def validate(S: WMState) -> float | None:
+    """The same batches and noise at every validation, without touching training's RNG."""
+    t = S.job.train
+    if S.val is None or t.val_batches == 0:
+        return None
+    S.engine.eval()
+    g = torch.Generator().manual_seed(12345)
+    losses = []
+    with torch.no_grad(), torch.random.fork_rng(devices=[S.device] if S.device.type == "cuda" else []):
+        torch.manual_seed(54321)
+        for _ in range(t.val_batches):
+            idx = torch.randint(S.val.size, (t.micro_batch,), generator=g).to(S.device)
+            b = S.val.batch(idx, S.job.view, S.job.model.condition_on_main, S.stats)
+            losses.append(float(S.engine(**b)[0]))
+    S.engine.train()
+    return sum(losses) / len(losses)
+
+
+def save(S: WMState, reason: str) -> None:
+    """DeepSpeed checkpoint (every rank) with the client state, its files' hashes, and the
+    inference weights (rank 0)."""
+    import torch.distributed as dist
+
+    rngs = [None] * S.world
+    dist.all_gather_object(rngs, rng.capture())
+    tag = f"global_step{S.step}"
+    S.engine.save_checkpoint(str(S.ckpt_dir), tag=tag, client_state={
+        "step": S.step, "sampler": S.sampler.state_dict(), "rng": rngs, "config_name": S.job.profile,
+        "git_commit": S.meta["git_commit"], "manifest_sha256": S.manifest_sha})
+    dist.barrier()  # every rank's shard is on disk before rank 0 hashes them
+    export_weights(S.engine, S.out / step_name(S.step), S.job.model, S.stats, {**S.meta, "step": S.step}, S.rank == 0)
+    if S.rank == 0:
+        files = {str(f.relative_to(S.ckpt_dir)): sha256_file(f) for f in sorted((S.ckpt_dir / tag).rglob("*")) if f.is_file()}
+        write_json(S.ckpt_dir / "wmrl_state.json", {"step": S.step, "world_size": S.world, "tag": tag, "files": files})
+        write_json(S.out / "status.json", {"view": S.job.view, "step": S.step, "target": S.job.train.steps,
+                                           "reason": reason, "weights": str(S.out / step_name(S.step))})
+
+
+def main(job: WMJob) -> dict:
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    S = init_state(job)
+    t = job.train
+    if S.step >= t.steps:  # finished in an earlier run: nothing to do
+        return {"view": job.view, "step": S.step, "reason": "already at target", "wall_s": 0.0,
+                "weights": str(S.out / step_name(S.step)), "samples_per_s": 0.0}
+    log = MetricsLog(RunLayout(job.run).log(f"wm_{job.view}"), tag=f"wm_{job.view}", enabled=S.rank == 0)
+    bar = tqdm(total=t.steps, initial=S.step, desc=f"wm {job.view}", unit="update", disable=not job.progress or S.rank)
     reason = "target"
+    per_update = S.engine.train_micro_batch_size_per_gpu() * S.engine.gradient_accumulation_steps() * S.world
     t0, seen = time.perf_counter(), 0
-    while step < t.steps:
-        parts = {}
-        for _ in range(engine.gradient_accumulation_steps()):
-            b = train.batch(sampler.next(engine.train_micro_batch_size_per_gpu()).to(device), job.view,
-                            job.model.condition_on_main, stats)
-            loss, parts = engine(**b)
-            engine.backward(loss)
-            engine.step()  # DeepSpeed applies the update at the accumulation boundary
-            seen += engine.train_micro_batch_size_per_gpu() * world
-        step += 1
+    while S.step < t.steps:
+        loss, parts = train_step(S)
+        seen += per_update
+        step = S.step
         bar.update(1)
         # the seed's stop rule: the controller asks, we stop after this complete update
-        flag = torch.tensor([float((out / STOP_FILE).exists())], device=device)  # NCCL reduces GPU tensors only
+        flag = torch.tensor([float((S.out / STOP_FILE).exists())], device=S.device)  # NCCL reduces GPU tensors only
         dist.all_reduce(flag)
         stop_requested = bool(flag.item())
-        if rank == 0 and (step % t.log_interval == 0 or step == 1):
-            rec = {"step": step, "loss": float(loss.detach()), **{k: float(v) for k, v in parts.items()},
-                   "lr": engine.get_lr()[0], "samples_per_s": round(seen / (time.perf_counter() - t0), 1),
-                   "time": time.time()}
-            log.write(rec)
+        if S.rank == 0 and (step % t.log_interval == 0 or step == 1):
+            log.write({"step": step, "loss": float(loss.detach()), **{k: float(v) for k, v in parts.items()},
+                       "lr": S.engine.get_lr()[0], "samples_per_s": round(seen / (time.perf_counter() - t0), 1),
+                       "time": time.time()})
             bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
         if step % t.eval_interval == 0 or step == t.steps:
-            v = validate()
+            v = validate(S)
             if v is not None:
                 log.write({"step": step, "val_loss": v, "time": time.time()})
         if stop_requested:
@@ -320,11 +361,11 @@ def main(job: WMJob) -> dict:
             reason = f"--stop-after {job.stop_after}"
             break
         if step % t.save_interval == 0 and step < t.steps:
-            save("interval")
+            save(S, "interval")
     bar.close()
-    save(reason)
+    save(S, reason)
     log.close()
     wall = time.perf_counter() - t0
     dist.barrier()
-    return {"view": job.view, "rank": rank, "step": step, "reason": reason, "wall_s": round(wall, 1),
-            "weights": str(out / step_name(step)), "samples_per_s": round(seen / max(wall, 1e-9), 1)}
+    return {"view": job.view, "rank": S.rank, "step": S.step, "reason": reason, "wall_s": round(wall, 1),
+            "weights": str(S.out / step_name(S.step)), "samples_per_s": round(seen / max(wall, 1e-9), 1)}
