@@ -386,12 +386,20 @@ class RewardConfig:
     blur_prob: float = 0.5  # "generated-style" augmentation
     noise_std: float = 0.05
     seed: int = 0
+    # Frames the updated world models generate: every training episode replayed open loop with its
+    # real actions from its real start, each imagined frame labelled with the real frame's success.
+    # They join the training frames and the threshold is calibrated on those of the validation
+    # episodes: GRPO judges generated frames. 0: real frames only.
+    generated_horizon: int = 30  # chunks imagined per episode (a whole 240-step episode)
+    generated_batch: int = 32  # episodes imagined at once
 
     def __post_init__(self) -> None:
         if not self.channels or any(c < 1 for c in self.channels):
             raise ConfigError(f"reward.channels={self.channels}: give one or more positive widths")
         if self.steps < 1 or self.batch < 2 or self.lr <= 0:
             raise ConfigError("reward: steps >= 1, batch >= 2 (half success, half not) and lr > 0")
+        if self.generated_horizon < 0 or self.generated_batch < 1:
+            raise ConfigError("reward: generated_horizon >= 0 (0: real frames only) and generated_batch >= 1")
 
 
 @dataclass(frozen=True)

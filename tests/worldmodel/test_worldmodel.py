@@ -213,6 +213,12 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress")
     reward = json.loads((run / "worldmodels/reward/config.json").read_text())
     assert 0 < reward["threshold"] < 1 and reward["train_success_frames"] > 0
+    # the updated world models replayed every episode: their frames (real labels) trained the reward,
+    # and the threshold was set where GRPO judges when the generated validation frames show both outcomes
+    assert reward["train_generated_frames"] > 0 and reward["val_generated_frames"] > 0
+    selection = json.loads((run / "train/selected_world_models.json").read_text())
+    assert reward["generated_by"] == {v: selection[v]["weights"] for v in ("main", "wrist")}
+    assert reward["calibrated_on"] in ("generated", "real")
 
     _py("package_pair.py", "--run", str(run))
     pair = json.loads((run / "model_pair/pair.json").read_text())

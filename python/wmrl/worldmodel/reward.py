@@ -1,12 +1,15 @@
 """The reward model: does the goal hold in this (main-view) frame? Frozen during GRPO.
 
-GRPO scores imagined rollouts with it, so it must judge *generated* frames: it trains on
-real frames (labels: the simulator's per-frame success, ``rewards`` in the trajectory
-files) made to look generated - blurred and noised at random - so that the world model's
-softness does not read as failure. Success frames are rare (an episode ends soon after
-success), so batches are drawn half positive, half negative. The decision threshold is
-calibrated on the validation episodes (the one with the best balanced accuracy) and stored
-with the weights.
+GRPO scores imagined rollouts with it, so it must judge *generated* frames. It trains on
+real frames (labels: the simulator's per-frame success, ``rewards`` in the trajectory files)
+made to look generated - blurred and noised at random - and, once the world models exist, on
+frames they generated: every training episode replayed open loop with its real actions from
+its real start (``imagined_frames``), each imagined frame labelled with the real frame's
+success, so the reward learns to say what the simulator said from what the world model
+shows. Success frames are rare (an episode ends soon after success), so batches are drawn half
+positive, half negative. The decision threshold is calibrated on the validation episodes'
+generated frames where there are any (what GRPO judges), else on their real frames, and
+stored with the weights.
 """
 
 from __future__ import annotations
@@ -57,6 +60,27 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
     return (x + cfg.noise_std * torch.randn(x.shape, generator=g, device=g.device)).clamp(-1, 1)
 
 
+@torch.no_grad()
+def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, batch: int = 32, seed: int = 0,
+                    device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Main-view frames the pair generates for ``episodes`` (real start, real actions), uint8
+    (N, H, W, 3), with the real frames' success labels (N,); the start frames (real) are left out."""
+    from wmrl.worldmodel.fidelity import open_loop
+    from wmrl.worldmodel.model import unit_to_images
+
+    frames, labels = [], []
+    for i in range(0, len(episodes), batch):
+        roll = open_loop(main_model, wrist_model, episodes[i:i + batch], horizon, seed=seed + i, device=device)
+        valid = roll["valid"].clone()
+        valid[:, 0] = False
+        success = torch.stack(roll["success"]).bool()
+        frames.append(unit_to_images(roll["imagined"]["main"][valid]))
+        labels.append(success[valid])
+    if not frames:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(frames), torch.cat(labels)
+
+
 def balanced_accuracy(pred: torch.Tensor, labels: torch.Tensor) -> float | None:
     """Mean of the recall on success frames and on the others (None without both kinds):
     success frames are rare, so plain accuracy rewards never saying "success"."""
@@ -92,9 +116,16 @@ class RewardObjective(nn.Module):
 
 def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,
                  val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True,
-                 ds_config_path: str | None = None) -> dict:
+                 ds_config_path: str | None = None, generated: dict | None = None) -> dict:
     """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
-    Trained through DeepSpeed like the world models (one process; bf16 on a GPU)."""
+    Trained through DeepSpeed like the world models (one process; bf16 on a GPU).
+    ``generated``: {"train": (frames, labels), "val": (frames, labels)} imagined by the pair;
+    the training ones join the real frames, the validation ones set the threshold."""
+    gen_train_n = 0
+    if generated is not None and len(generated["train"][0]):
+        gen_train_n = len(generated["train"][0])
+        train_frames = torch.cat([train_frames, generated["train"][0]])
+        train_labels = torch.cat([train_labels, generated["train"][1]])
     import deepspeed
     from tqdm import tqdm
 
@@ -130,16 +161,27 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
         engine.backward(loss)
         engine.step()
     model = engine.module.model.float().cpu().eval()
-    with torch.no_grad():
-        probs = torch.cat([torch.sigmoid(model(images_to_unit(val_frames[i:i + 256])))
-                           for i in range(0, len(val_frames), 256)]) if len(val_frames) else torch.zeros(0)
-    if len(val_frames) and val_labels.any() and (~val_labels).any():
-        threshold, bal_acc = calibrate(probs, val_labels)
-    else:
-        threshold, bal_acc = 0.5, None  # nothing to calibrate on: say so in the config
+
+    def probs_of(frames: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([torch.sigmoid(model(images_to_unit(frames[i:i + 256])))
+                              for i in range(0, len(frames), 256)]) if len(frames) else torch.zeros(0)
+
+    def both_kinds(labels: torch.Tensor) -> bool:
+        return len(labels) > 0 and bool(labels.any()) and bool((~labels).any())
+
+    gen_val = generated["val"] if generated is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+    real_probs, gen_probs = probs_of(val_frames), probs_of(gen_val[0])
+    # calibrated where GRPO judges: on generated frames when they show both outcomes
+    cal = (gen_probs, gen_val[1], "generated") if both_kinds(gen_val[1]) else (real_probs, val_labels, "real")
+    threshold, bal_acc, calibrated_on = (*calibrate(cal[0], cal[1]), cal[2]) if both_kinds(cal[1]) else (0.5, None, None)
     model.threshold.fill_(threshold)
-    meta = {"threshold": threshold, "val_balanced_accuracy": bal_acc, "val_frames": len(val_frames),
-            "train_frames": len(train_frames), "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()),
+    meta = {"threshold": threshold, "calibrated_on": calibrated_on, "val_balanced_accuracy": bal_acc,
+            "val_balanced_accuracy_real": balanced_accuracy(real_probs >= threshold, val_labels) if len(val_frames) else None,
+            "val_balanced_accuracy_generated": balanced_accuracy(gen_probs >= threshold, gen_val[1]) if len(gen_val[0])
+            else None, "val_frames": len(val_frames), "val_generated_frames": len(gen_val[0]),
+            "train_frames": len(train_frames), "train_generated_frames": gen_train_n,
+            "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()),
             "wall_s": round(time.perf_counter() - t0, 1), **lineage}
     model.save_pretrained(out, meta=meta)
     return meta
