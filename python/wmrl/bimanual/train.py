@@ -39,6 +39,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -305,15 +306,34 @@ def _init_deepspeed(cfg: StageConfig):
     return deepspeed
 
 
-def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
-    """Train (or resume) one stage. ``stop_after``: stop after that many iterations of this
-    process without a final save (tests use it to simulate a kill)."""
+@dataclass
+class StageState:
+    """``init_state``'s result: the network, its optimizer, schedule, EMA, loader and (with
+    DeepSpeed) engine, where training starts, and what every saved root records."""
+
+    cfg: StageConfig
+    dist: Dist
+    device: Any
+    net: Any
+    ema: EMA | None
+    opt: Any
+    sched: Any
+    loader: Any
+    engine: Any  # DeepSpeed's engine, or None (plain PyTorch)
+    start: int
+    meta: dict
+    summary: dict
+    amp: bool
+
+
+def init_state(cfg: StageConfig) -> StageState:
+    """The plan checked, the run's config recorded (or compared), the model built, and the
+    newest root of this run resumed or the parent checkpoint loaded."""
     import numpy as np
     import torch
-    from tqdm import tqdm
 
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
-    from wmrl.bimanual.model import NEW_ACTION_MODULES, flow_loss
+    from wmrl.bimanual.model import NEW_ACTION_MODULES
 
     assert _new_modules() == NEW_ACTION_MODULES
     plan = resolve(cfg)
@@ -401,54 +421,74 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
                             "zero_stage": cfg.parallelism.zero_stage if use_ds else None},
             "config": resolved, "kit_version": __version__, "git_commit": git_commit(),
             "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
-    log_path = run_dir / "log.jsonl"
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_iteration": start, "resumed": resume,
                                "ema_copies": ema.copies if ema else 0, "backend": plan["parallelism"]["backend"],
                                "world_size": dist.world, "rank": dist.rank}
+    return StageState(cfg, dist, device, net, ema, opt, sched, loader, engine, start, meta, summary,
+                      device.type == "cuda" and cfg.trainer.precision == "bf16")
+
+
+def train_step(S: StageState, iteration: int):
+    """One optimizer step on the next batch: (loss, gradient norm); non-finite values stop
+    training with what to do."""
+    import torch
+
+    from wmrl.bimanual.model import flow_loss
+
+    batch = {k: v.to(S.device) for k, v in S.loader.next_batch()[0].items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=S.amp):
+        loss, _ = flow_loss(S.net, batch, S.cfg.mode)
+    if not torch.isfinite(loss):
+        raise TrainError(f"iteration {iteration}: non-finite loss ({float(loss)}); lower trainer.lr or check the bundle "
+                         "(make bimanual-materialize)")
+    if S.engine is not None:  # clipping, optimizer, scheduler and zero_grad inside step()
+        S.engine.backward(loss)
+        S.engine.step()
+        gnorm = torch.as_tensor(float(S.engine.get_global_grad_norm() or 0.0))
+    else:
+        S.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(S.net.parameters(), S.cfg.trainer.grad_clip)
+        if not torch.isfinite(gnorm):
+            raise TrainError(f"iteration {iteration}: non-finite gradient norm; lower trainer.lr or check the bundle")
+        S.opt.step()
+        S.sched.step()
+    if not torch.isfinite(gnorm):
+        raise TrainError(f"iteration {iteration}: non-finite gradient norm; lower trainer.lr or check the bundle")
+    if S.ema:
+        S.ema.update(S.net)
+    return loss.detach(), gnorm
+
+
+def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Train (or resume) one stage. ``stop_after``: stop after that many iterations of this
+    process without a final save (tests use it to simulate a kill)."""
+    from tqdm import tqdm
+
+    S = init_state(cfg)
+    start, summary, dist, run_dir = S.start, S.summary, S.dist, cfg.run_dir
+    log_path = run_dir / "log.jsonl"
     if start >= cfg.trainer.max_iter:
         summary.update(final_iteration=start, iterations_run=0, checkpoint=str(latest_root(run_dir)), finished=True)
         return summary
-    net.train()
+    S.net.train()
     t0, losses, it = time.time(), [], start
     bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress or dist.rank != 0,
                file=sys.stderr, initial=start, total=cfg.trainer.max_iter)
     last_save = None
-    amp = device.type == "cuda" and cfg.trainer.precision == "bf16"
     for it0 in bar:
-        batch = {k: v.to(device) for k, v in loader.next_batch()[0].items()}
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            loss, _ = flow_loss(net, batch, cfg.mode)
-        if not torch.isfinite(loss):
-            raise TrainError(f"iteration {it0 + 1}: non-finite loss ({float(loss)}); lower trainer.lr or check the bundle "
-                             "(make bimanual-materialize)")
-        if engine is not None:  # clipping, optimizer, scheduler and zero_grad inside step()
-            engine.backward(loss)
-            engine.step()
-            gnorm = torch.as_tensor(float(engine.get_global_grad_norm() or 0.0))
-        else:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.trainer.grad_clip)
-            if not torch.isfinite(gnorm):
-                raise TrainError(f"iteration {it0 + 1}: non-finite gradient norm; lower trainer.lr or check the bundle")
-            opt.step()
-            sched.step()
-        if not torch.isfinite(gnorm):
-            raise TrainError(f"iteration {it0 + 1}: non-finite gradient norm; lower trainer.lr or check the bundle")
-        if ema:
-            ema.update(net)
+        loss, gnorm = train_step(S, it0 + 1)
         it = it0 + 1
-        loss = loss.detach()
         losses.append(float(loss))
         if dist.rank == 0 and (it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter):
-            rec = {"iteration": it, "loss": float(loss), "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0],
+            rec = {"iteration": it, "loss": float(loss), "grad_norm": float(gnorm), "lr": S.sched.get_last_lr()[0],
                    "it_per_s": (it - start) / max(time.time() - t0, 1e-9)}
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             bar.set_postfix(loss=f"{float(loss):.4f}")
         if it % cfg.checkpoint.save_iter == 0 or it == cfg.trainer.max_iter:
-            last_save = save_root(run_dir, it, net=net, ema=ema, opt=opt, sched=sched, loader=loader, meta=meta,
-                                  engine=engine, dist=dist)
+            last_save = save_root(run_dir, it, net=S.net, ema=S.ema, opt=S.opt, sched=S.sched, loader=S.loader,
+                                  meta=S.meta, engine=S.engine, dist=dist)
             if cfg.checkpoint.keep_last and dist.rank == 0:
                 import shutil
 
@@ -460,11 +500,10 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     summary.update(final_iteration=it, iterations_run=it - start, loss_first=losses[0], loss_last=losses[-1],
                    grad_norm_last=float(gnorm), finite=True, it_per_s=(it - start) / max(elapsed, 1e-9),
                    checkpoint=str(last_save) if last_save else None, finished=it >= cfg.trainer.max_iter,
-                   ema_copies=ema.copies if ema else 0, device=str(device))
+                   ema_copies=S.ema.copies if S.ema else 0, device=str(S.device))
     return summary
 
 
-# ------------------------------------------------------------------------ base checkpoint
 def write_base(cfg: StageConfig, out: str | os.PathLike, *, from_root: str | None = None) -> Path:
     """A base checkpoint for Stage 0: regular weights only (no action modules, no EMA).
 
