@@ -46,7 +46,7 @@ COMMON = --profile $(PROFILE) $(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(S
 # Test folders that need the world-model environment (Python 3.10, DeepSpeed).
 WM_TEST_DIRS := tests/worldmodel
 
-.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo cycle release restore check wheelhouse build images shell
+.PHONY: help setup lock demo test demos eval validate bench clean sft collect grpo cycle speedrun release restore check wheelhouse build images shell
 
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
@@ -58,6 +58,7 @@ help:
 	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS)"
 	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
 	@echo "make release    RUN as a bundle with every file's SHA-256 (OUT, DATA=0); make restore BUNDLE=dir: verify, relocate"
+	@echo "make speedrun   one GPU from nothing: demos -> SFT -> one cycle -> report (RUN=runs/speedrun, DRY_RUN=1)"
 	@echo "make cycle      collect -> world models -> pair -> GRPO -> evaluation (CYCLES GRPO_STEPS EPISODES GPUS); rerun to resume"
 	@echo "make validate   check trajectory files (DATA=file-or-folder)"
 	@echo "make manifest   world-model data: DATA=new trajectories REPLAY=demos/earlier cycles -> RUN/manifest.json"
@@ -92,6 +93,7 @@ lock:
 # inside the pair -> evaluation -> report), then the same GRPO in the real simulator as the
 # control; every stage resumable.
 DEMO_RUN ?= runs/demo
+SPEEDRUN_RUN = $(if $(filter command line,$(origin RUN)),$(RUN),runs/speedrun)
 demo: setup
 	$(MAKE) --no-print-directory demos PROFILE=tiny RUN=$(DEMO_RUN)
 	$(MAKE) --no-print-directory validate DATA=$(DEMO_RUN)/demos
@@ -140,6 +142,15 @@ grpo: setup
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
 # MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
+# One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
+# pair; GRPO's first and last steps are the 10 x 50 evaluations before and after) -> report. Every
+# stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun; the command
+# line's variables (WORKERS, GPUS, SEED, STEPS, GRPO_STEPS, DRY_RUN ...) reach every stage.
+speedrun: setup
+	$(MAKE) --no-print-directory demos RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE)
+	$(MAKE) --no-print-directory sft RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE)
+	$(MAKE) --no-print-directory cycle RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE) CYCLES=1
+
 # The controller needs only the standard library: it runs on the host (python3) in both runtimes
 # and starts each stage with $(TRAIN_PY) / $(WM_PY).
 cycle: setup

@@ -224,3 +224,14 @@ def test_the_controller_needs_only_the_standard_library_and_takes_makes_runners(
     runner = [f"PYTHONPATH={REPO / 'python'}", *FAKE]  # how Make's RUNTIME=docker runners begin
     main(CycleJob(run=run, cfg=get_config("cycle_tiny"), profile="tiny", train_py=runner, wm_py=runner, report=False))
     assert "grpo" in called(calls)
+
+
+def test_speedrun_dry_run_plans_every_stage_from_nothing_and_writes_nothing(tmp_path):
+    run = tmp_path / "speedrun"
+    r = subprocess.run(["make", "--no-print-directory", "speedrun", "PROFILE=tiny", f"RUN={run}", "DRY_RUN=1"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for line in ("plan: collect demonstrations", "plan: sft", "not there yet (make demos writes it)",
+                 "[cycle 1] collect", "--ckpt sft/N", "[cycle 1] grpo", "[cycle 1] evaluate"):
+        assert line in r.stdout, line
+    assert not run.exists()

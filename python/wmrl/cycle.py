@@ -88,7 +88,7 @@ def fingerprint(path: Path) -> str:
 
 
 def state_path(run: Path) -> Path:
-    return run / "cycle.json"
+    return RunLayout(run).cycle_record
 
 
 def load_state(run: Path) -> dict:
@@ -101,11 +101,12 @@ def load_state(run: Path) -> dict:
 
 
 def cycle_dir(run: Path, n: int) -> Path:
-    return run / "cycles" / f"cycle_{n}"
+    return RunLayout(run).cycle(n)
 
 
-def begin_cycle(job: CycleJob, state: dict, n: int) -> dict:
-    """The cycle's fixed parameters: recorded when it starts, reused by every rerun."""
+def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> dict:
+    """The cycle's fixed parameters: recorded when it starts, reused by every rerun
+    (``planning``: a dry run before the supervised policy exists names the one to come)."""
     key = str(n)
     if key in state["cycles"]:
         return state["cycles"][key]
@@ -117,6 +118,8 @@ def begin_cycle(job: CycleJob, state: dict, n: int) -> dict:
             start, policy = full[-1], str(full[-1])
         elif sft:
             start, policy = 0, f"sft/{sft[-1]}"
+        elif planning:
+            start, policy = 0, "sft/N"  # the newest supervised checkpoint once `make sft` ran
         else:
             raise CycleError(f"no policy in {job.run} to start the cycle from: train one first "
                              f"(make demos sft RUN={job.run})")
@@ -214,7 +217,7 @@ def plan(job: CycleJob) -> list[dict]:
     state = load_state(job.run)
     out = []
     for n in range(1, job.cycles + 1):
-        rec = begin_cycle(job, state, n)
+        rec = begin_cycle(job, state, n, planning=True)
         if rec.get("finished"):
             continue
         for st in plan_stages(job, n, rec):

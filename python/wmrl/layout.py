@@ -86,7 +86,10 @@ class RunLayout:
         return self._kinded(self.root / "eval", kind) / step_name(step)
 
     def evidence(self, step: int, kind: str = "policy") -> Path:
-        return self._kinded(self.root / "evidence" / "evaluations", kind) / f"{step_name(step)}.json"
+        return self.evidence_dir(kind) / f"{step_name(step)}.json"
+
+    def evidence_dir(self, kind: str = "policy") -> Path:
+        return self._kinded(self.root / "evidence" / "evaluations", kind)
 
     # ---- world models
     @property
@@ -116,6 +119,27 @@ class RunLayout:
     @property
     def keyframes(self) -> Path:
         return self.grpo / "keyframes.json"
+
+    # ---- the cycle (make cycle) and its report
+    def cycle(self, n: int) -> Path:
+        """``cycles/cycle_N``: one cycle's data, world models and pair (a run folder of its own)."""
+        return self.root / "cycles" / f"cycle_{int(n)}"
+
+    @property
+    def cycle_record(self) -> Path:
+        return self.root / "cycle.json"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_figures(self) -> Path:
+        return self.root / "report"
 
     # ---- logs
     @property

@@ -28,8 +28,8 @@ Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("image
 def evaluations(run: Path) -> list[dict]:
     """Every evidence file: ref, step, kind, successes, trials, rate, per task, sampler."""
     out = []
-    root = run / "evidence" / "evaluations"
-    for kind, folder in (("policy", root), ("sft", root / "sft")):
+    layout = RunLayout(run)
+    for kind, folder in (("policy", layout.evidence_dir("policy")), ("sft", layout.evidence_dir("sft"))):
         for f in sorted(folder.glob("global_step_*.json")) if folder.is_dir() else []:
             step = parse_step_name(f.stem)
             try:
@@ -56,7 +56,7 @@ def blocks(run: Path) -> list[Block]:
     from wmrl.plots import success_curve
 
     layout = RunLayout(run)
-    cyc = json.loads((run / "cycle.json").read_text()) if (run / "cycle.json").exists() else {"cycles": {}}
+    cyc = json.loads(layout.cycle_record.read_text()) if layout.cycle_record.exists() else {"cycles": {}}
     out: list[Block] = [("p", f"Run `{run}`, report written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.")]
 
     # ---- success in the real simulator
@@ -65,7 +65,8 @@ def blocks(run: Path) -> list[Block]:
     if evs:
         grpo = [e for e in evs if e["kind"] == "policy"]
         marks = [c["grpo_from"] for c in cyc["cycles"].values()]
-        png = success_curve([(e["step"], e["rate"], e["trials"]) for e in grpo], run / "report" / "success.png", marks)
+        png = success_curve([(e["step"], e["rate"], e["trials"]) for e in grpo], layout.report_figures / "success.png",
+                            marks)
         if png:
             out.append(("image", png, "Real success per GRPO step (fixed initial states; bars: binomial standard "
                                       "error; dashed: a cycle begins)"))
@@ -187,10 +188,11 @@ def write_report(run: str | Path) -> tuple[Path, Path]:
     bs = blocks(run)
     title = f"wmrl report: {run.name}"
     paths = []
-    for name, text in (("report.html", to_html(bs, title)), ("report.md", to_markdown(bs, title, run))):
-        with atomic_path(run / name) as tmp:
+    layout = RunLayout(run)
+    for path, text in ((layout.report_html, to_html(bs, title)), (layout.report_md, to_markdown(bs, title, run))):
+        with atomic_path(path) as tmp:
             tmp.write_text(text)
-        paths.append(run / name)
+        paths.append(path)
     return paths[0], paths[1]
 
 

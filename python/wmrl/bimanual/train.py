@@ -33,7 +33,6 @@ Start points:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -50,6 +49,7 @@ from wmrl.device import pick_device
 from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
 from wmrl.lineage import git_commit
+from wmrl.logs import MetricsLog
 
 
 class TrainError(ValueError):
@@ -467,10 +467,12 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
 
     S = init_state(cfg)
     start, summary, dist, run_dir = S.start, S.summary, S.dist, cfg.run_dir
-    log_path = run_dir / "log.jsonl"
     if start >= cfg.trainer.max_iter:
         summary.update(final_iteration=start, iterations_run=0, checkpoint=str(latest_root(run_dir)), finished=True)
         return summary
+    # the kit's JSONL log: a resumed run drops the records past its root and writes them again
+    log = MetricsLog(run_dir / "log.jsonl", tag=f"bimanual_stage{cfg.job.stage}", start_step=start,
+                     enabled=dist.rank == 0)
     S.net.train()
     t0, losses, it = time.time(), [], start
     bar = tqdm(range(start, cfg.trainer.max_iter), desc=f"stage {cfg.job.stage}", disable=not progress or dist.rank != 0,
@@ -481,10 +483,8 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
         it = it0 + 1
         losses.append(float(loss))
         if dist.rank == 0 and (it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter):
-            rec = {"iteration": it, "loss": float(loss), "grad_norm": float(gnorm), "lr": S.sched.get_last_lr()[0],
-                   "it_per_s": (it - start) / max(time.time() - t0, 1e-9)}
-            with open(log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            log.write({"step": it, "iteration": it, "loss": float(loss), "grad_norm": float(gnorm),
+                       "lr": S.sched.get_last_lr()[0], "it_per_s": (it - start) / max(time.time() - t0, 1e-9)})
             bar.set_postfix(loss=f"{float(loss):.4f}")
         if it % cfg.checkpoint.save_iter == 0 or it == cfg.trainer.max_iter:
             last_save = save_root(run_dir, it, net=S.net, ema=S.ema, opt=S.opt, sched=S.sched, loader=S.loader,
@@ -496,6 +496,7 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
                     shutil.rmtree(old)
         if stop_after is not None and it - start >= stop_after:
             break
+    log.close()
     elapsed = time.time() - t0
     summary.update(final_iteration=it, iterations_run=it - start, loss_first=losses[0], loss_last=losses[-1],
                    grad_norm_last=float(gnorm), finite=True, it_per_s=(it - start) / max(elapsed, 1e-9),

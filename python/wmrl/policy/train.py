@@ -109,9 +109,11 @@ def plan(job: SFTJob) -> dict:
     from wmrl.data.trajectory import count_episodes
     from wmrl.policy.data import find_files
 
-    files = find_files(job.data)
+    missing = [str(d) for d in job.data if not Path(d).exists()]
+    files = [] if missing else find_files(job.data)  # a plan may come before `make demos` (make speedrun)
     resume = find_resume(job)
-    return {"run": str(job.run), "profile": job.profile, "data": [str(f) for f in files],
+    return {"run": str(job.run), "profile": job.profile,
+            "data": [str(f) for f in files] or f"{', '.join(missing)}: not there yet (make demos writes it)",
             "episodes": sum(count_episodes(f) for f in files), "tasks": job.tasks,
             "start": f"resume from {resume.path} (step {resume.step})" if resume else
                      (f"fresh, weights from {job.init}" if job.init else "fresh"),

@@ -40,17 +40,27 @@ from pathlib import Path
 
 from wmrl.config import ConfigError
 from wmrl.fileio import read_json, sha256_file, write_json
+from wmrl.layout import RunLayout
 
 FORMAT = "wmrl-release/1"
 MANIFEST = "MANIFEST.json"
 STATE = ".restore.json"
 SOURCE = "source.tar.gz"
-# what leaves a run folder for the bundle (globs relative to RUN); data only with --data
-KEEP = ("weights/policy/**/*", "weights/sft/**/*", "cycles/*/model_pair/**/*", "cycles/*/manifest.json",
-        "cycles/*/train/selected_world_models.json", "evidence/**/*.json", "grpo/*.json", "grpo/*.jsonl",
-        "logs/*.jsonl", "logs/*.png", "report/*.png", "report.html", "report.md", "cycle.json", "latest_policy.json",
-        "manifest.json", "model_pair/**/*")
-DATA = ("demos/*.hdf5", "collect/*.hdf5", "cycles/*/collect/*.hdf5")
+
+
+def _globs(data: bool) -> list[str]:
+    """What leaves a run folder for the bundle: globs relative to RUN, named through the run
+    layout (a cycle folder is a run folder of its own); trajectories only with ``data``."""
+    r, c = RunLayout("."), RunLayout(Path("cycles") / "*")
+    rel = lambda p: Path(p).as_posix()  # noqa: E731
+    keep = [f"{rel(r.checkpoints('policy'))}/**/*", f"{rel(r.checkpoints('sft'))}/**/*", f"{rel(r.evidence_dir())}/**/*.json",
+            f"{rel(r.grpo)}/*.json", f"{rel(r.grpo)}/*.jsonl", f"{rel(r.logs)}/*.jsonl", f"{rel(r.logs)}/*.png",
+            f"{rel(r.report_figures)}/*.png", rel(r.report_html), rel(r.report_md), rel(r.cycle_record),
+            rel(r.latest_policy), rel(r.manifest), f"{rel(r.model_pair)}/**/*"]
+    keep += [f"{rel(c.model_pair)}/**/*", rel(c.manifest), rel(c.selection)]  # every cycle's pair, manifest, selection
+    if data:
+        keep += [f"{rel(r.demos)}/*.hdf5", f"{rel(r.collect)}/*.hdf5", f"{rel(c.collect)}/*.hdf5"]
+    return keep
 
 
 
@@ -66,7 +76,7 @@ class ReleaseError(ConfigError):
 
 def _files(run: Path, data: bool) -> list[Path]:
     out = set()
-    for pattern in KEEP + (DATA if data else ()):
+    for pattern in _globs(data):
         out.update(p for p in run.glob(pattern) if p.is_file() and ".tmp" not in p.name and p.name != ".lock")
     return sorted(out)
 
