@@ -204,7 +204,7 @@ def test_report_renders_in_a_browser_with_every_image_loaded(tmp_path):
     page.write_text((run / "report.html").read_text().replace("</body>", (
         "<script>window.onload = () => { document.title = [...document.images].every("
         "i => i.complete && i.naturalWidth > 0) ? 'IMAGES_OK' : 'IMAGES_BROKEN'; };</script></body>")))
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--virtual-time-budget=5000"]
     dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert "<title>IMAGES_OK</title>" in dom
     shot = tmp_path / "shot.png"
