@@ -152,7 +152,9 @@ def test_one_controller_per_run(tmp_path):
 
 def test_no_policy_no_cycle(tmp_path):
     with pytest.raises(CycleError, match="train one first"):
-        plan(job(tmp_path / "empty"))
+        main(job(tmp_path / "empty"))
+    assert not (tmp_path / "empty").exists()  # nothing written
+    assert "--ckpt sft/N" in plan(job(tmp_path / "empty"))[0]["command"]  # a plan names the policy to come
 
 
 def test_busy_gpu_stops_the_cycle_before_its_first_gpu_stage(tmp_path, calls, monkeypatch):

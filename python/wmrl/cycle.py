@@ -234,6 +234,7 @@ def main(job: CycleJob) -> dict:
     from wmrl.preflight import check_gpus
     from wmrl.procs import exclusive, run_child
 
+    begin_cycle(job, load_state(job.run), 1)  # no policy to start from: said before anything is written
     job.run.mkdir(parents=True, exist_ok=True)
     with exclusive(job.run, "make cycle", name=".cycle.lock"):
         state = load_state(job.run)
