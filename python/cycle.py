@@ -81,11 +81,5 @@ def main(args, job) -> int:
     return 0
 
 
-def _lock_error():
-    from wmrl.procs import LockError
-
-    return (LockError,)
-
-
 if __name__ == "__main__":
-    cli.run(lambda: main(*build()), _lock_error)
+    cli.run(lambda: main(*build()))  # a held lock (LockError) is a ConfigError: one line

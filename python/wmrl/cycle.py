@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wmrl.config import ConfigError, CycleConfig
-from wmrl.fileio import read_json, sha256_file, write_json
+from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
 
@@ -82,8 +82,8 @@ def fingerprint(path: Path) -> str:
     if path.is_file():
         return sha256_file(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and ".tmp" not in p.name and p.name != ".lock"):
-        h.update(f"{f.relative_to(path)}\0{sha256_file(f)}\n".encode())
+    for rel, sha in hash_tree(path, skip=lambda p: ".tmp" in p.name or p.name == ".lock").items():
+        h.update(f"{rel}\0{sha}\n".encode())
     return h.hexdigest()
 
 
@@ -177,10 +177,15 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
     ]
 
 
-def command(job: CycleJob, stage: Stage) -> list[str]:
-    cmd = [*(job.train_py if stage.side == "train" else job.wm_py), *stage.args]
-    # Make's runners may start with settings (RUNTIME=docker: PYTHONPATH=python .venv/driver/bin/python -m ...)
+def runner_command(runner: list[str], *args: str) -> list[str]:
+    """A runner of Make's (``$(TRAIN_PY)``) with arguments; it may start with settings
+    (RUNTIME=docker: ``PYTHONPATH=python .venv/driver/bin/python -m ...``), which ``env`` applies."""
+    cmd = [*runner, *args]
     return ["env", *cmd] if "=" in cmd[0] else cmd
+
+
+def command(job: CycleJob, stage: Stage) -> list[str]:
+    return runner_command(job.train_py if stage.side == "train" else job.wm_py, *stage.args)
 
 
 def stage_env(job: CycleJob) -> dict:
@@ -306,8 +311,7 @@ def build_report(job: CycleJob) -> None:
     """The report is drawn by the policy side (matplotlib), like any stage."""
     from wmrl.procs import run_child
 
-    cmd = [*job.train_py, "-m", "wmrl.report", "--run", str(job.run)]
-    cmd = ["env", *cmd] if "=" in cmd[0] else cmd
+    cmd = runner_command(job.train_py, "-m", "wmrl.report", "--run", str(job.run))
     rc = run_child(cmd, log=RunLayout(job.run).logs / "cycle" / "report.log", env=stage_env(job), cwd=REPO)
     if rc != 0:
         raise CycleError(f"the report failed (exit {rc}); see {RunLayout(job.run).logs / 'cycle' / 'report.log'}")

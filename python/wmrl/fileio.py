@@ -93,3 +93,10 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
+
+
+def hash_tree(folder: str | os.PathLike, skip=lambda p: False) -> dict[str, str]:
+    """{path relative to ``folder``: SHA-256} of every file below it (sorted; ``skip(path)``
+    leaves a file out)."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file() and not skip(p)}

@@ -47,7 +47,7 @@ from wmrl.bimanual.bundle import Bundle, BundleError
 from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
 from wmrl.device import pick_device
 from wmrl.ema import EMA
-from wmrl.fileio import atomic_path, read_json, sha256_file, write_json
+from wmrl.fileio import atomic_path, hash_tree, read_json, sha256_file, write_json
 from wmrl.lineage import git_commit
 from wmrl.logs import MetricsLog
 
@@ -256,7 +256,7 @@ def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, me
             torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
     dist.barrier()
     if dist.rank == 0:
-        files = {str(f.relative_to(tmp)): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        files = hash_tree(tmp)
         write_json(tmp / "checkpoint.json", {**meta, "iteration": iteration, "files": files, "complete": True})
         if final.exists():  # a root of the same iteration from an earlier attempt: replace it
             shutil.rmtree(final)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from wmrl.config import ConfigError
-from wmrl.fileio import read_json, sha256_file, write_json
+from wmrl.fileio import atomic_path, hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 
 FORMAT = "wmrl-release/1"
@@ -132,10 +132,7 @@ def make_bundle(run: str | os.PathLike, out: str | os.PathLike, *, profile: str 
                        capture_output=True, text=True)
     if r.returncode != 0:
         print(f"[release] no source archive (not a git checkout: {r.stderr.strip()[:200]})")
-    entries = {}
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file():
-            entries[str(p.relative_to(tmp))] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    entries = {rel: {"sha256": sha, "bytes": (tmp / rel).stat().st_size} for rel, sha in hash_tree(tmp).items()}
     write_json(tmp / MANIFEST, {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                 "source_run": str(run), "profile": profile, "data": data,
                                 "relocatable": relocatable, "files": entries})
@@ -188,8 +185,6 @@ def restore(bundle: str | os.PathLike, *, refresh_source: bool = False, progress
         for rel in man["relocatable"]:
             p = bundle / rel
             text = p.read_text().replace(a, b)
-            from wmrl.fileio import atomic_path
-
             with atomic_path(p) as t:
                 t.write_text(text)
             st = p.stat()

@@ -35,7 +35,7 @@ import torch
 from wmrl import rng
 from wmrl.config import ConfigError, WMTrainConfig, WorldModelConfig
 from wmrl.device import free_port, pick_device
-from wmrl.fileio import sha256_file, write_json
+from wmrl.fileio import hash_tree, sha256_file, write_json
 from wmrl.layout import RunLayout, step_name
 from wmrl.logs import MetricsLog
 
@@ -316,7 +316,7 @@ def save(S: WMState, reason: str) -> None:
     dist.barrier()  # every rank's shard is on disk before rank 0 hashes them
     export_weights(S.engine, S.out / step_name(S.step), S.job.model, S.stats, {**S.meta, "step": S.step}, S.rank == 0)
     if S.rank == 0:
-        files = {str(f.relative_to(S.ckpt_dir)): sha256_file(f) for f in sorted((S.ckpt_dir / tag).rglob("*")) if f.is_file()}
+        files = {f"{tag}/{rel}": sha for rel, sha in hash_tree(S.ckpt_dir / tag).items()}
         write_json(S.ckpt_dir / "wmrl_state.json", {"step": S.step, "world_size": S.world, "tag": tag, "files": files})
         write_json(S.out / "status.json", {"view": S.job.view, "step": S.step, "target": S.job.train.steps,
                                            "reason": reason, "weights": str(S.out / step_name(S.step))})
