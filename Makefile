@@ -215,9 +215,12 @@ offline-install:
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
+#   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." [TRIALS=n REAL_TRIALS=n]
+#        imagined (held-out keyframes) vs real success per policy, Spearman, cost  PAIR/ranking.json
+#        (runs in .venv/train: it drives the real simulator too)
 WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)
 
-.PHONY: manifest wm-update wm-reward package wm-eval
+.PHONY: manifest wm-update wm-reward package wm-eval wm-rank
 
 manifest: setup
 	@test -n "$(DATA)$(REPLAY)" || { echo "error: give DATA=<this cycle's trajectories> and/or REPLAY=<demonstrations, earlier cycles>"; exit 2; }
@@ -238,6 +241,11 @@ package: setup
 
 wm-eval: setup
 	$(WM_PY) python/wm_eval.py --run $(RUN) $(DRY)
+
+wm-rank: setup
+	@test -n "$(POLICIES)" || { echo 'error: give POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." (2 or more; 4+ to mean much)'; exit 2; }
+	$(TRAIN_PY) python/wm_rank.py --profile $(PROFILE) --run $(RUN) $(foreach p,$(POLICIES),--policy $(p)) \
+		$(call opt,--trials,$(TRIALS)) $(call opt,--real-trials,$(REAL_TRIALS)) $(call opt,--workers,$(WORKERS)) $(DRY)
 
 # ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
 #   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side

@@ -9,13 +9,16 @@ returns only a few files).
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...
-                               FINAL_TRIALS=20 EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
+                               DESIRED_KL=... FINAL_TRIALS=20 EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
+    python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000
+    python3 bench/gpu.py grpo GRPO_RUN=runs/h200/grpo_b TAG=_b WORKERS_PER_RUN=8 ... BACKGROUND=1
+                                                  # a second set of GRPO runs beside the first (A/B)
     python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
                                                   # machine's calls last at most 10 minutes)
     python3 bench/gpu.py wait SECONDS=540         # follow background phases; returns when they end or time is up
@@ -144,7 +147,7 @@ def phase_grpo(v: dict, env: dict) -> None:
     """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores."""
     seeds = v.get("SEEDS", "0").split(",")
     gpus = v.get("GPUS", "0").split(",")
-    per = max(1, (os.cpu_count() or 2) // len(seeds))
+    per = int(v.get("WORKERS_PER_RUN", max(1, (os.cpu_count() or 2) // len(seeds))))
     root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
     procs = []
     for i, s in enumerate(seeds):
@@ -155,14 +158,16 @@ def phase_grpo(v: dict, env: dict) -> None:
         for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
                           ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
                           ("--eval-trials", "EVAL_TRIALS"), ("--final-trials", "FINAL_TRIALS"),
-                          ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES")):
+                          ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
+                          ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
+                          ("--ratio-transitions", "RATIO_TRANSITIONS")):
             if key in v:
                 args += [flag, v[key]]
-        procs.append(stage(f"grpo_seed{s}", "grpo.py", args, env, background=True,
+        procs.append(stage(f"grpo{v.get('TAG', '')}_seed{s}", "grpo.py", args, env, background=True,
                            extra_env={"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}))
     for p in procs:
         finish(*p)
-    pack(root, "grpo")
+    pack(root, "grpo" + v.get("TAG", ""))
 
 
 def phase_wm(v: dict, env: dict) -> None:
@@ -188,6 +193,16 @@ def phase_wm(v: dict, env: dict) -> None:
     stage("package", "package_pair.py", ["--run", run, "--overwrite"], env)
     stage("wm_eval", "wm_eval.py", ["--run", run, "--videos", "4"], env)
     pack(Path(run), "wm")
+
+
+def phase_rank(v: dict, env: dict) -> None:
+    """Imagined vs real success of several policies in RUN's pair (make wm-rank)."""
+    run = v.get("RUN", "runs/h200")
+    policies = v.get("POLICIES", "sft/1000 sft/2000 sft/4000 sft/4000@T=3").split()
+    stage("wm_rank", "wm_rank.py", ["--run", run, *[a for p in policies for a in ("--policy", p)],
+                                    "--trials", v.get("TRIALS", "4"), "--real-trials", v.get("REAL_TRIALS", "10"),
+                                    "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress"], env)
+    pack(Path(run), "rank")
 
 
 def phase_sim(v: dict, env: dict) -> None:
@@ -216,7 +231,8 @@ def phase_bimanual(v: dict, env: dict) -> None:
     pack(Path(run), "bimanual")
 
 
-PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "sim": phase_sim,
+PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
+          "sim": phase_sim,
           "bimanual": phase_bimanual}
 
 
@@ -250,9 +266,10 @@ def main(argv: list[str]) -> None:
         return wait(v)
     OUT.mkdir(parents=True, exist_ok=True)
     if v.pop("BACKGROUND", "0") == "1":  # its own session: it outlives this call on the lent machine
+        name = phase + v.get("TAG", "")  # TAG=_b: a second background job of the same phase beside the first
         p = subprocess.Popen([PY, __file__, phase, *[f"{k}={x}" for k, x in v.items()]], cwd=ROOT,
-                             stdout=open(OUT / f"{phase}.out", "a"), stderr=subprocess.STDOUT, start_new_session=True)
-        (OUT / f"{phase}.pid").write_text(str(p.pid))
+                             stdout=open(OUT / f"{name}.out", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        (OUT / f"{name}.pid").write_text(str(p.pid))
         print(f"[gpu] {phase} started in the background (pid {p.pid}); follow with: python3 bench/gpu.py wait")
         return
     env = prepare()

@@ -464,7 +464,16 @@ class GRPOConfig:
     max_chunks: int = 30  # 240 policy steps
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
-    lr: float = 5e-6  # RLinf's for pi0; 3e-5 with mean-reduced ratios collapsed both H200 runs within 5 steps
+    lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
+    # Adaptive step size (RSL-RL's "adaptive" schedule): after each step's update the approximate KL
+    # between the policy that acted and the updated one is measured on the step's chunks; above
+    # 2 x desired_kl the lr is divided by 1.5, below desired_kl / 2 multiplied by 1.5, within
+    # [lr_min, lr_max]. Measured on the H200 (bench/RESULTS.md, GRPO runs 2 and 3): the KL one
+    # step causes changes about 25-fold between lr 1e-5 and 5e-5, and the collapse came with the
+    # larger, so no fixed lr suits every policy. 0: the lr stays fixed.
+    desired_kl: float = 0.01
+    lr_min: float = 1e-7
+    lr_max: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high] (RLinf's 0.2 / 0.28)
@@ -474,6 +483,12 @@ class GRPOConfig:
     # chain (the ratio sees the whole change); "mean" is RLinf's joint_logprob average, K times more
     # permissive under the same clip band.
     logprob_reduce: str = "sum"
+    # Which denoising transitions enter the ratio: 0 = all K (the exact chain density); N = the
+    # first N, the noisiest. A transition's score scales as 1 / its std (flow-SDE, noise level 0.5,
+    # K = 10: std 0.50 at the first transition, 0.053 at the last), while each moves the action by
+    # about its std, so the late transitions add most of the gradient's variance and little of
+    # its signal; dropping them treats their noise as the environment's. Not yet measured.
+    ratio_transitions: int = 0
     # "sequence": every rollout weighs the same (GRPO's 1/|o_i|), so the long failed rollouts (30 chunks)
     # do not outweigh the short successful ones; "token": every chunk weighs the same.
     loss_agg: str = "sequence"
@@ -507,8 +522,15 @@ class GRPOConfig:
             raise ConfigError("grpo: 0 < lr < 1, weight_decay >= 0, grad_clip >= 0 (0: off)")
         if not 0 < self.clip_low < 1 or self.clip_high <= 0:
             raise ConfigError(f"grpo: clip_low={self.clip_low} must be in (0, 1) and clip_high={self.clip_high} > 0")
+        if self.desired_kl < 0 or not 0 < self.lr_min <= self.lr_max < 1 or \
+                (self.desired_kl > 0 and not self.lr_min <= self.lr <= self.lr_max):
+            raise ConfigError(f"grpo: desired_kl={self.desired_kl} must be >= 0 (0: fixed lr) and "
+                              f"lr_min={self.lr_min} <= lr={self.lr} <= lr_max={self.lr_max} (all in (0, 1))")
         if self.kl_coef < 0 or self.epochs < 1 or self.minibatches < 1 or self.adv_eps <= 0 or self.target_kl < 0:
             raise ConfigError("grpo: kl_coef >= 0, epochs >= 1, minibatches >= 1, adv_eps > 0, target_kl >= 0")
+        if self.ratio_transitions < 0:
+            raise ConfigError(f"grpo.ratio_transitions={self.ratio_transitions}: 0 (all K transitions) or N >= 1 "
+                              "(the first N)")
         if self.logprob_reduce not in ("sum", "mean") or self.loss_agg not in ("sequence", "token"):
             raise ConfigError(f"grpo: logprob_reduce={self.logprob_reduce!r} (sum | mean), loss_agg={self.loss_agg!r} "
                               "(sequence | token)")
@@ -599,7 +621,7 @@ _PROFILES: dict[str, Profile] = {
                      train=WMTrainConfig(steps=6, micro_batch=4, grad_accum=2, lr=2e-3, warmup=1, save_interval=3,
                                          eval_interval=3, log_interval=1, val_batches=1)),
         reward=RewardConfig(channels=(8, 16), steps=20, batch=16, lr=3e-3),
-        grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, minibatches=2, eval_interval=1,
+        grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, lr_max=1e-2, minibatches=2, eval_interval=1,
                         full_interval=2, eval_trials=1, final_trials=1, tasks=(0,), keyframe_max_chunk=2,
                         keyframes_per_task=4, bf16=False),
         cycle=CycleConfig(grpo_steps=2, wm_eval_episodes=2, videos=1, gpu_margin_gib=3.5),

@@ -107,7 +107,8 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    series = (("clip_fraction", "clip fraction"), ("approx_kl", "approx. KL"), ("skipped_share", "groups skipped"))
+    series = (("clip_fraction", "clip fraction"), ("approx_kl_final", "KL after the step"),
+              ("skipped_share", "groups skipped"))
     for r in recs:
         r["skipped_share"] = r.get("skipped_groups", 0) / max(1, r.get("groups", 1))
     for ax, lines, ylabel in ((axes[1], series, None),
@@ -120,6 +121,11 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
             ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    if any("lr" in r for r in recs):  # the adaptive step size beside the KL that sets it
+        lr_ax = axes[1].twinx()
+        lr_ax.plot(steps, [r.get("lr", float("nan")) for r in recs], ":", color="black", label="lr (right)")
+        lr_ax.set_yscale("log")
+        lr_ax.legend(fontsize=7, loc="lower right")
     return _save(fig, plt, Path(out))
 
 
@@ -147,5 +153,31 @@ def success_curve(points: list[tuple[int, float, int]], out: str | os.PathLike, 
     ax.set_xlabel("GRPO step (0: the supervised policy)")
     ax.set_ylabel("real success (%)")
     ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    return _save(fig, plt, Path(out))
+
+
+def ranking_scatter(ranking: dict, out: str | os.PathLike) -> Path | None:
+    """Imagined against real success, one labelled point per policy, the diagonal and Spearman's
+    rho in the title (``wmrl.evaluation.ranking``'s result)."""
+    rows = ranking.get("policies") or []
+    if not rows:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(4.5, 4.2))
+    real = [100 * r["real"]["success_rate"] for r in rows]
+    imag = [100 * r["imagined"]["success_rate"] for r in rows]
+    ax.plot([0, 100], [0, 100], ":", color="grey")
+    ax.scatter(real, imag)
+    for r, x, y in zip(rows, real, imag):
+        ax.annotate(r["name"], (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    rho = ranking.get("spearman")
+    ax.set_title(f"policy ranking: Spearman {'n/a' if rho is None else f'{rho:.2f}'}", fontsize=9)
+    ax.set_xlabel("real success (%), fixed initial states")
+    ax.set_ylabel("imagined success (%), held-out keyframes")
+    ax.set_xlim(-2, 102)
+    ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     return _save(fig, plt, Path(out))

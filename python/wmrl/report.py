@@ -127,6 +127,16 @@ def world_models(pair: Path, run: Path) -> list[Block]:
                       v["ssim_main"]] for h, v in hz.items()]))
     for v in sorted((pair / "videos").glob("*"))[:2] if (pair / "videos").is_dir() else []:
         out.append(("video", v, f"{v.name}: real | imagined (main), real | imagined (wrist)"))
+    rk = pair / "ranking.json"  # make wm-rank: does the pair order policies as the simulator does?
+    if rk.exists():
+        d = json.loads(rk.read_text())
+        out.append(("table", ["policy", "imagined success", "real success"],
+                    [[p["name"], _pct(p["imagined"]["success_rate"]), _pct(p["real"]["success_rate"])]
+                     for p in d["policies"]] +
+                    [["Spearman (target 0.8)", d.get("spearman") if d.get("spearman") is not None else "-", ""],
+                     ["cost, seconds (imagined / real)", d["cost"]["imagined_seconds"], d["cost"]["real_seconds"]]]))
+        if (pair / "ranking.png").exists():
+            out.append(("image", pair / "ranking.png", "policy ranking: imagined against real success"))
     return out
 
 

@@ -35,7 +35,7 @@ def _policy_and_batch(sft_run, n=6):
         s = sde_sample(model, prefix, model.cfg.denoise_steps, cfg.noise_level, temperature=cfg.temperature,
                        noise=x0, step_noise=eps)
     buf = grpo.Rollouts()
-    buf.add(obs, s.chain, grpo.reduce_steps(s.element_log_probs, TINY.grpo.logprob_reduce))
+    buf.add(obs, s.chain, grpo.reduce_steps(s.element_log_probs, TINY.grpo))
     return model, loaded, buf.tensors()
 
 
@@ -44,6 +44,23 @@ def test_recomputed_log_prob_of_a_stored_chain_equals_the_sampled_one(sft_run):
     with torch.no_grad():
         lp = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), TINY.grpo)
     torch.testing.assert_close(lp, batch["old_lp"], rtol=0, atol=1e-4)
+
+
+def test_the_ratio_can_keep_only_the_first_transitions(sft_run):
+    """ratio_transitions=N: stored and recomputed log-densities both cover the first N
+    transitions only, so the ratio of an unchanged policy is still 1."""
+    from wmrl.config import override
+
+    model, loaded, batch = _policy_and_batch(sft_run)
+    cfg = override(TINY.grpo, ratio_transitions=1)
+    with torch.no_grad():
+        lp1 = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), cfg)
+        lp_all = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), TINY.grpo)
+    steps = torch.randn(6, 4, 8, 7)
+    torch.testing.assert_close(grpo.reduce_steps(steps, cfg), steps[:, 0])
+    assert not torch.allclose(lp1, lp_all)  # the other K - 1 transitions are left out
+    with pytest.raises(Exception, match="ratio_transitions"):
+        override(TINY.grpo, ratio_transitions=-1)
 
 
 def test_group_advantages_and_skipped_groups():
@@ -101,6 +118,24 @@ def test_identical_rewards_in_every_group_give_a_zero_update(sft_run):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_the_step_size_follows_the_measured_kl(sft_run):
+    """A step that moves the policy too far lowers the next step's lr by 1.5, one that hardly
+    moves it raises the lr by 1.5; the KL after the step is measured on the step's chunks."""
+    from wmrl.config import override
+
+    adv = torch.tensor([1.5, -0.5, 1.0, -1.0, 0.5, -1.5])
+    for lr, desired, factor in ((1e-2, 1e-6, 1 / 1.5), (1e-7, 1e3, 1.5)):
+        model, loaded, batch = _policy_and_batch(sft_run)
+        cfg = override(TINY.grpo, minibatches=2, lr=lr, lr_min=1e-9, lr_max=0.5, desired_kl=desired, target_kl=0.0)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        st = grpo.update(model, opt, batch, adv, cfg, norm=loaded.norm.tensors(), lang=loaded.lang,
+                         autocast=torch.autocast("cpu", enabled=False), step=1)
+        assert st["lr"] == lr and st["approx_kl_final"] > 0
+        assert st["lr_next"] == pytest.approx(lr * factor) and opt.param_groups[0]["lr"] == pytest.approx(lr * factor)
+    with pytest.raises(Exception, match="lr_min"):
+        override(TINY.grpo, lr=1.0e-2, lr_max=1e-3)
+
+
 class ToyReach:
     """A stand-in task for the algorithm alone (RolloutEnv protocol): a chunk succeeds when its
     mean x command passes ``threshold``; a failed rollout runs every chunk, as in LIBERO."""
@@ -150,7 +185,7 @@ def test_grpo_raises_the_success_of_a_toy_task(sft_run):
 
     loaded = ck.load_checkpoint(ck.step_dir(sft_run, 10, "sft"))
     model = loaded.build_model()
-    cfg = override(TINY.grpo, group_size=8, groups=4, minibatches=2, lr=3e-3, target_kl=0.0)
+    cfg = override(TINY.grpo, group_size=8, groups=4, minibatches=2, lr=3e-3, target_kl=0.0, desired_kl=0.0)
     learner = grpo.Learner(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0),
                            loaded.norm.tensors(), loaded.lang, cfg, torch.device("cpu"),
                            torch.autocast("cpu", enabled=False))

@@ -85,8 +85,6 @@ def select_keyframes(episodes, *, max_chunk: int, per_task: int, seed: int) -> l
 def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
                seed: int) -> dict:
     """Keyframes of the manifest's training episodes -> INIT_FILE (frames, proprio, task) and INIT_INDEX."""
-    import numpy as np
-    import torch
     from safetensors.torch import save_file
 
     from wmrl.worldmodel.data import load_split
@@ -95,8 +93,21 @@ def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk
     chosen = select_keyframes(train, max_chunk=max_chunk, per_task=per_task, seed=seed)
     if not chosen:
         raise PairError(f"{manifest} has no training episodes with a keyframe to start from")
+    tensors, info = keyframe_tensors(chosen, context)
+    info.update(max_chunk=max_chunk, seed=seed)
+    with atomic_path(out / INIT_FILE) as tmp:
+        save_file(tensors, str(tmp))
+    write_json(out / INIT_INDEX, info)
+    return info
 
-    def history(frames: np.ndarray, k: int) -> np.ndarray:  # context frames ending at k, the first repeated
+
+def keyframe_tensors(chosen: list[tuple[object, int]], context: int) -> tuple[dict, dict]:
+    """(episode, chunk) keyframes -> the tensors an imagined rollout starts from (both views'
+    ``context`` frames ending at the keyframe, the first repeated; proprio; task) and their index."""
+    import numpy as np
+    import torch
+
+    def history(frames: np.ndarray, k: int) -> np.ndarray:
         return np.stack([frames[max(0, k - j)] for j in range(context - 1, -1, -1)])
 
     tensors = {"main": torch.from_numpy(np.stack([history(e.main, k) for e, k in chosen])),
@@ -104,18 +115,15 @@ def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk
                "proprio": torch.from_numpy(np.stack([e.proprio[k] for e, k in chosen])),
                "task": torch.tensor([e.task for e, _ in chosen], dtype=torch.int64),
                "chunk": torch.tensor([k for _, k in chosen], dtype=torch.int64)}
-    with atomic_path(out / INIT_FILE) as tmp:
-        save_file(tensors, str(tmp))
     per_task_count: dict[str, int] = {}
     for e, _ in chosen:
         per_task_count[str(e.task)] = per_task_count.get(str(e.task), 0) + 1
     info = {"keyframes": [{"episode": e.key, "file_sha256": e.file_sha256, "chunk": k, "task": e.task,
                            "source": e.source} for e, k in chosen],
-            "episodes": sorted({e.key for e, _ in chosen}), "context": context, "max_chunk": max_chunk, "seed": seed,
+            "episodes": sorted({e.key for e, _ in chosen}), "context": context,
             "instructions": {str(e.task): e.instruction for e, _ in chosen},
             "per_task": dict(sorted(per_task_count.items(), key=lambda kv: int(kv[0])))}
-    write_json(out / INIT_INDEX, info)
-    return info
+    return tensors, info
 
 
 def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False,

@@ -23,6 +23,7 @@ and checked, never reselected, on resume.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
@@ -143,17 +144,51 @@ class SimEnv:
 
 
 # ------------------------------------------------------------------------------ imagination
+@dataclass
+class Keyframes:
+    """Where imagined rollouts start: both views' frame history and the proprio at chunk
+    boundaries of real trajectories, with their task and instruction."""
+
+    tensors: dict  # main / wrist (N, context, H, W, 3) uint8, proprio (N, P), task (N,)
+    info: dict  # the index: keyframes [{episode, file_sha256, chunk, task, source}], instructions, per_task
+    origin: str  # what they are, for the record
+
+    @classmethod
+    def of_pair(cls, pair) -> "Keyframes":
+        """The pair's own keyframes (of its training episodes): GRPO's starts."""
+        from safetensors.torch import load_file
+
+        from wmrl.release.pair import INIT_FILE, INIT_INDEX
+
+        return cls(load_file(str(pair.root / INIT_FILE)), json.loads((pair.root / INIT_INDEX).read_text()),
+                   "keyframes of the pair's training trajectories")
+
+    @classmethod
+    def held_out(cls, manifest: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
+                 seed: int) -> "Keyframes":
+        """Keyframes of the manifest's *validation* episodes, which no world model trained on:
+        the starts of an evaluation inside the pair."""
+        from wmrl.release.pair import PairError, keyframe_tensors, select_keyframes
+        from wmrl.worldmodel.data import load_split
+
+        _, _, val = load_split(manifest, chunk=chunk)
+        chosen = select_keyframes(val, max_chunk=max_chunk, per_task=per_task, seed=seed)
+        if not chosen:
+            raise PairError(f"{manifest} has no validation episodes with a keyframe: build it with --val-ratio > 0")
+        tensors, info = keyframe_tensors(chosen, context)
+        return cls(tensors, info, "keyframes of held-out (validation) trajectories")
+
+
 class ImaginedEnv:
     name = "wm"
 
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
-                 image_size: int, chunk_size: int, index_dir: Path, device="cpu", bf16: bool = False):
-        import json
-
-        from safetensors.torch import load_file
-
+                 image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
+                 keyframes: Keyframes | None = None):
+        """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
+        run's keyframe index is written once and checked on resume (None: not recorded)."""
         from wmrl.fileio import sha256_file, write_json
-        from wmrl.release.pair import INIT_FILE, INIT_INDEX, PairError, check_contract, load_pair
+        from wmrl.release.pair import PairError, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
         from wmrl.worldmodel.model import FrameWorldModel
         from wmrl.worldmodel.reward import RewardModel
@@ -168,17 +203,23 @@ class ImaginedEnv:
         self.world = Imagination(main, wrist)
         self.reward = RewardModel.from_pretrained(pair.part("reward"), self.device)
         self.threshold = float(self.reward.threshold)
-        kf = load_file(str(pair.root / INIT_FILE))
-        info = json.loads((pair.root / INIT_INDEX).read_text())
+        keyframes = keyframes or Keyframes.of_pair(pair)
+        kf, info = keyframes.tensors, keyframes.info
+        self.keyframe_origin = keyframes.origin
         self.instructions = {int(t): s for t, s in info["instructions"].items()}
         self.keyframe_names = [f"keyframe:{k['episode']}:{k['chunk']}" for k in info["keyframes"]]
+        self.keyframe_tasks = [int(k["task"]) for k in info["keyframes"]]
         self.by_task = {t: [i for i, k in enumerate(info["keyframes"]) if k["task"] == t] for t in tasks}
         missing = [t for t, ids in self.by_task.items() if not ids]
         if missing:
-            raise PairError(f"the model pair {pair.root} has no keyframes of task(s) {missing}: collect trajectories "
-                            f"of those tasks into the manifest, or train on --tasks {','.join(map(str, info['per_task']))}")
+            raise PairError(f"{keyframes.origin} ({pair.root}) include no keyframe of task(s) {missing}: collect "
+                            f"trajectories of those tasks into the manifest, or use --tasks "
+                            f"{','.join(map(str, info['per_task']))}")
         self.frames = {"main": kf["main"].to(self.device), "wrist": kf["wrist"].to(self.device)}  # (N, C, H, W, 3)
         self.proprio = kf["proprio"].to(self.device).float()
+        self.index_path = None
+        if index_dir is None:
+            return
         # the run's keyframe index: written once per pair, checked (never reselected) on resume
         index = {"pair": str(pair.root), "pair_json_sha256": sha256_file(pair.root / "pair.json"),
                  "keyframes": info["keyframes"], "rule": "group g of step s starts from keyframe "
@@ -238,7 +279,7 @@ class ImaginedEnv:
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
                 "reward_threshold": self.threshold, "max_chunks": self.max_chunks, "keyframe_index": str(self.index_path),
-                "start_states": "keyframes of real training trajectories (keyframe-initialised rollouts)"}
+                "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)"}
 
     def close(self) -> None:
         pass

@@ -16,12 +16,17 @@ Read top to bottom; one GRPO step is
                  under the current parameters (all K transitions in one batched pass); per
                  action element (chunk position x action dimension) the ratio
                  exp(log p_new - log p_old), log p summed over the K transitions (the joint
-                 density of the element's chain), enters the PPO-clipped surrogate
+                 density of the element's chain; ``ratio_transitions`` keeps only the first,
+                 noisiest ones), enters the PPO-clipped surrogate
                  -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over a chunk's elements and
                  then over rollouts (each rollout weighs the same); optional KL to the policy
                  GRPO started from (k3 estimator, off by default); gradient clipping;
                  ``epochs`` x ``minibatches`` optimizer steps, stopped early once the
                  approximate KL passes ``target_kl``
+    5. step size the KL between the policy that acted and the updated one, measured on the
+                 step's chunks, sets the next step's learning rate (x or / 1.5 towards
+                 ``desired_kl``): how far one step moves the flow policy varies too much
+                 between runs for a fixed lr (bench/RESULTS.md)
 
 and the cadence of the original (seed 000): every ``eval_interval`` (5) steps the policy's
 weights are saved and evaluated in the real simulator on the fixed initial states
@@ -214,9 +219,12 @@ def clipped_surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Ten
     return loss, stats
 
 
-def reduce_steps(step_lp: torch.Tensor, how: str) -> torch.Tensor:
-    """(B, K, chunk, A) log-densities of the K transitions -> one per element (B, chunk, A)."""
-    return step_lp.sum(dim=1) if how == "sum" else step_lp.mean(dim=1)
+def reduce_steps(step_lp: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """(B, K, chunk, A) log-densities of the K transitions -> one per element (B, chunk, A): the
+    first ``cfg.ratio_transitions`` of them (0: all), summed or averaged (``cfg.logprob_reduce``)."""
+    if cfg.ratio_transitions:
+        step_lp = step_lp[:, : cfg.ratio_transitions]
+    return step_lp.sum(dim=1) if cfg.logprob_reduce == "sum" else step_lp.mean(dim=1)
 
 
 def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
@@ -228,7 +236,7 @@ def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
                     [batch["instructions"][i] for i in idx.tolist()])
     lp = chain_log_prob(model, prefix, batch["chain"][idx], cfg.noise_level, temperature=cfg.temperature,
                         elementwise=True)
-    return reduce_steps(lp, cfg.logprob_reduce)
+    return reduce_steps(lp, cfg)
 
 
 def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm, lang, autocast, step: int,
@@ -240,7 +248,8 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     sample_adv = adv[batch["rollout"]]
     keep = torch.nonzero(sample_adv != 0).flatten()
     stats = {"update_chunks": int(len(keep)), "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0,
-             "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False, "approx_kl_start": 0.0}
+             "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False, "approx_kl_start": 0.0, "approx_kl_final": 0.0,
+             "approx_kl_stop": 0.0, "lr": opt.param_groups[0]["lr"]}
     if len(keep) == 0:
         return stats  # no group carried a signal: no update
     # "sequence": a chunk weighs 1 / (chunks of its rollout), so every rollout counts the same
@@ -268,6 +277,7 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
                 stats["approx_kl_start"] = st["approx_kl"]
             if cfg.target_kl > 0 and st["approx_kl"] > cfg.target_kl and stats["optimizer_steps"] > 0:
                 stats["early_stop"] = True  # the policy has moved far enough from the one that acted
+                stats["approx_kl_stop"] = st["approx_kl"]
                 break
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -281,7 +291,38 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
             break
     for k, v in sums.items():  # means over the optimizer steps
         stats[k] = v / stats["optimizer_steps"]
+    if stats["optimizer_steps"]:
+        stats["approx_kl_final"] = final_kl(model, norm, lang, batch, keep, n_mb, cfg, autocast)
+        stats["lr_next"] = adapt_lr(opt, stats["approx_kl_final"], cfg)
     return stats
+
+
+@torch.no_grad()
+def final_kl(model, norm, lang, batch: dict, keep: torch.Tensor, n_mb: int, cfg: GRPOConfig, autocast) -> float:
+    """Approximate KL per element (k3) between the policy that acted and the updated one, over
+    all the step's kept chunks: how far this step moved the policy."""
+    total, count = 0.0, 0
+    for idx in keep.tensor_split(n_mb):
+        with autocast:
+            log_ratio = element_log_prob(model, norm, lang, batch, idx, cfg).float() - batch["old_lp"][idx]
+        total += float(((torch.exp(log_ratio) - 1) - log_ratio).sum())
+        count += log_ratio.numel()
+    return total / max(count, 1)
+
+
+def adapt_lr(opt, kl: float, cfg: GRPOConfig) -> float:
+    """RSL-RL's adaptive schedule: the next step's lr / 1.5 when this step's KL passed
+    2 x ``desired_kl``, x 1.5 when it stayed under half of it; kept in [lr_min, lr_max]. The lr
+    lives in the optimizer's state, so a resumed run continues with it."""
+    lr = opt.param_groups[0]["lr"]
+    if cfg.desired_kl > 0:
+        if kl > 2 * cfg.desired_kl:
+            lr = max(cfg.lr_min, lr / 1.5)
+        elif kl < cfg.desired_kl / 2:
+            lr = min(cfg.lr_max, lr * 1.5)
+        for group in opt.param_groups:
+            group["lr"] = lr
+    return lr
 
 
 # =========================================================================== one step
@@ -315,7 +356,7 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tens
             prefix = encode(L.model, L.norm, L.lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
             x0, eps = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, L.device)
             s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps)
-        buf.add(obs, s.chain, reduce_steps(s.element_log_probs, cfg.logprob_reduce))
+        buf.add(obs, s.chain, reduce_steps(s.element_log_probs, cfg))
         return to_controller(s.actions * L.norm["a_s"] + L.norm["a_c"], L.model.cfg.gripper_deadband)
 
     t0 = time.perf_counter()

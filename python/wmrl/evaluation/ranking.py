@@ -1,0 +1,177 @@
+"""Does the model pair rank policies the way the real simulator does?
+
+For each policy (a checkpoint with its sampler and temperature):
+
+* **imagined success**: closed-loop rollouts inside the pair from *held-out* keyframes (chunk
+  boundaries of the manifest's validation episodes, which no world model trained on),
+  ``trials`` rollouts per keyframe, all policies from the same keyframes; success once the
+  reward model's probability reaches its calibrated threshold, as GRPO's imagined
+  environment judges it;
+* **real success**: the evaluation harness on the fixed initial states (``real_trials`` per
+  task), the same sampler;
+
+then the rank correlation of the two lists (Spearman; ties get their mean rank) and what each
+evaluation cost in seconds: a pair that ranks policies right is also a cheap evaluator.
+
+The scripted expert acts on the simulator's object poses, which imagination does not have, so
+the policies compared are checkpoints: supervised ones of different training lengths and the
+same checkpoint with a noisier sampler (a higher SDE temperature) make a spread of skill.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from wmrl.config import ConfigError
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """``sft/4000``, ``60`` (a GRPO step), or a checkpoint folder; ``@ode`` or ``@T=3`` after it
+    picks the sampler (default: the checkpoint's flow-SDE at its evaluation temperature)."""
+
+    name: str
+    checkpoint: Path
+    sampler: str | None = None  # None: the checkpoint's eval_sampler
+    temperature: float | None = None  # None: the checkpoint's temperature_eval
+
+
+def parse_policy(text: str, run: str | Path) -> PolicySpec:
+    from wmrl.policy import checkpoint as ck
+
+    ref, _, how = text.partition("@")
+    path = Path(ref)
+    if not (path / "model.safetensors").is_file():
+        path = ck.resolve(run, ref).path  # lists the checkpoints that exist when this one does not
+    sampler, temperature = None, None
+    if how == "ode":
+        sampler = "ode"
+    elif how.startswith("T="):
+        try:
+            sampler, temperature = "sde", float(how[2:])
+        except ValueError:
+            temperature = -1.0
+        if temperature <= 0:
+            raise ConfigError(f"--policy {text}: the temperature after @T= must be a positive number (e.g. @T=3)")
+    elif how:
+        raise ConfigError(f"--policy {text}: after @ write ode or T=<temperature> (e.g. sft/4000@T=3)")
+    return PolicySpec(text, path, sampler, temperature)
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (ties: mean ranks); None when either list is constant or
+    shorter than 2 (no order to compare)."""
+    if len(a) != len(b):
+        raise ValueError("spearman: the lists differ in length")
+    if len(a) < 2:
+        return None
+    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):  # ties share their mean rank
+        ranks[x == v] = ranks[x == v].mean()
+    return ranks
+
+
+def imagined_success(env, runner, trials: int) -> dict:
+    """``trials`` closed-loop rollouts of ``runner`` (a ``PolicyRunner``) from every keyframe of
+    ``env`` (an ``ImaginedEnv``), all in one batch."""
+    from wmrl.rl.envs import Start
+
+    starts = [Start(0, i, env.keyframe_tasks[i], keyframe=i) for i in range(len(env.keyframe_names))]
+    task_of = [s.task for s in starts for _ in range(trials)]
+    chunk = env.chunk_size
+
+    def act(obs):  # the harness's observation objects, so the policy samples exactly as in evaluation
+        rows = [SimpleNamespace(main=obs.main[j].cpu().numpy(), wrist=obs.wrist[j].cpu().numpy(),
+                                proprio=obs.proprio[j].cpu().numpy(), instruction=obs.instructions[j],
+                                task_index=task_of[r], step=obs.chunk[j] * chunk,
+                                state=np.asarray([r], np.float64))  # distinct noise per rollout
+                for j, r in enumerate(obs.rollout)]
+        return torch.from_numpy(runner.act(rows))
+
+    t0 = time.perf_counter()
+    outcomes = env.run(starts, trials, act)
+    seconds = time.perf_counter() - t0
+    steps = sum(o.steps for o in outcomes)
+    wins = sum(o.success for o in outcomes)
+    return {"success_rate": wins / len(outcomes), "successes": wins, "rollouts": len(outcomes),
+            "keyframes": len(starts), "trials_per_keyframe": trials, "seconds": round(seconds, 2),
+            "imagined_steps": steps, "steps_per_s": round(steps / max(seconds, 1e-9), 1)}
+
+
+def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
+                  real_trials: int, keyframes_per_task: int, max_chunk: int, seed: int, workers: int, out_dir: Path,
+                  device: str = "auto", bf16: bool = True, progress: bool = False) -> dict:
+    """Imagined and real success of every policy, their rank correlation and costs."""
+    from wmrl.config import EvalConfig
+    from wmrl.device import pick_device
+    from wmrl.evaluation.harness import evaluate
+    from wmrl.fileio import sha256_file
+    from wmrl.policy.runner import PolicyRunner
+    from wmrl.release.pair import check_contract, load_pair
+    from wmrl.rl.envs import ImaginedEnv, Keyframes
+    from wmrl.sim.vector import SimulatorPool
+
+    if len(specs) < 2:
+        raise ConfigError("ranking needs at least 2 policies (--policy A --policy B ...; 4 or more to mean much)")
+    dev = pick_device(device)
+    loaded = load_pair(pair)  # every file's hash, then the contract, before any weight or episode loads
+    check_contract(loaded, image_size=sim.image_size, chunk_size=sim.chunk_size)
+    contract = loaded.meta["contract"]
+    keyframes = Keyframes.held_out(manifest, chunk=contract["chunk_size"], context=contract["context"],
+                                   max_chunk=max_chunk, per_task=keyframes_per_task, seed=seed)
+    kf_tasks = tuple(sorted({int(k["task"]) for k in keyframes.info["keyframes"]} & set(tasks)))
+    if not kf_tasks:
+        raise ConfigError(f"{manifest}'s validation episodes hold no keyframe of tasks {list(tasks)}")
+    env = ImaginedEnv(pair, tasks=kf_tasks, groups=1, seed=seed, max_chunks=sim.max_steps // sim.chunk_size,
+                      image_size=sim.image_size, chunk_size=sim.chunk_size, index_dir=None, device=dev, bf16=bf16,
+                      keyframes=keyframes)
+    pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
+    rows = []
+    try:
+        for spec in specs:
+            runner = PolicyRunner(spec.checkpoint, device=str(dev), sampler=spec.sampler, temperature=spec.temperature,
+                                  seed=seed)
+            imagined = imagined_success(env, runner, trials)
+            t0 = time.perf_counter()
+            cfg = EvalConfig(tasks=tasks, trials=real_trials, workers=pool.num_workers, seed=seed)
+            real = evaluate(runner, sim=sim, cfg=cfg, out_dir=out_dir / _slug(spec.name), policy_id=runner.policy_id,
+                            overwrite=True, progress=progress, extra_settings=runner.settings(), pool=pool).summary
+            rows.append({"name": spec.name, "checkpoint": str(spec.checkpoint), "policy_id": runner.policy_id,
+                         "model_sha256": sha256_file(spec.checkpoint / "model.safetensors"),
+                         "imagined": imagined,
+                         "real": {"success_rate": real["success_rate"], "successes": real["successes"],
+                                  "trials": real["trials"], "seconds": round(time.perf_counter() - t0, 2)}})
+            print(f"[wm-rank] {spec.name}: imagined {100 * imagined['success_rate']:.1f}% "
+                  f"({imagined['rollouts']} rollouts, {imagined['seconds']:.1f} s), real "
+                  f"{100 * real['success_rate']:.1f}% ({real['trials']} episodes)", flush=True)
+    finally:
+        pool.close()
+    rho = spearman([r["imagined"]["success_rate"] for r in rows], [r["real"]["success_rate"] for r in rows])
+    imag_s = sum(r["imagined"]["seconds"] for r in rows)
+    real_s = sum(r["real"]["seconds"] for r in rows)
+    return {"pair": str(pair), "manifest": str(manifest), "keyframes": {"origin": keyframes.origin,
+            "count": len(env.keyframe_names), "episodes": keyframes.info["episodes"]},
+            "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
+            "policies": rows, "spearman": None if rho is None else round(rho, 4),
+            "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),
+                     "real_over_imagined": round(real_s / max(imag_s, 1e-9), 2),
+                     "device": str(dev), "simulator_workers": pool.num_workers}}
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -1,0 +1,80 @@
+"""Policy ranking: imagined (held-out keyframes of the pair) against real success, Spearman."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from wmrl.config import ConfigError, override
+from wmrl.evaluation import ranking
+
+from tests.rl.conftest import TINY, pair_run, run_with_pair, sft_run  # noqa: F401  (fixtures)
+
+
+def test_spearman_of_known_orders():
+    assert ranking.spearman([0.1, 0.4, 0.6, 0.9], [0.2, 0.3, 0.5, 0.8]) == pytest.approx(1.0)
+    assert ranking.spearman([0.1, 0.4, 0.6, 0.9], [0.8, 0.5, 0.3, 0.2]) == pytest.approx(-1.0)
+    # one swapped neighbour pair among four: 1 - 6 * 2 / (4 * 15) = 0.8
+    assert ranking.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    # ties share their mean rank: a pair that cannot tell two policies apart loses a little
+    assert 0.9 < ranking.spearman([1, 2, 3, 4], [1, 2, 2, 4]) < 1.0
+    assert ranking.spearman([1, 2, 3], [0.5, 0.5, 0.5]) is None  # a constant list has no order
+
+
+def test_policy_specs_and_their_errors(sft_run):  # noqa: F811
+    s = ranking.parse_policy("sft/10@T=3", sft_run)
+    assert s.checkpoint.name == "global_step_10" and s.sampler == "sde" and s.temperature == 3.0
+    assert ranking.parse_policy("sft/5@ode", sft_run).sampler == "ode"
+    assert ranking.parse_policy(str(s.checkpoint), sft_run).sampler is None
+    for bad, words in (("sft/5@T=-1", "positive"), ("sft/5@fast", "after @"), ("sft/77", "global_step_77")):
+        with pytest.raises(Exception, match=words):
+            ranking.parse_policy(bad, sft_run)
+
+
+def test_ranking_in_a_tiny_pair_and_the_real_simulator(run_with_pair, tmp_path):  # noqa: F811
+    """Three policies from the same held-out keyframes: every rollout accounted for, the
+    keyframes only from validation episodes, the same result when run again (seeded), a real
+    evaluation per policy, and the cost of both recorded."""
+    from wmrl.layout import RunLayout
+    from wmrl.worldmodel.data import load_split
+
+    layout = RunLayout(run_with_pair)
+    specs = [ranking.parse_policy(t, run_with_pair) for t in ("sft/5", "sft/10", "sft/10@T=4")]
+    sim = override(TINY.sim, max_steps=24)
+    kw = dict(pair=layout.model_pair, manifest=layout.manifest, sim=sim, tasks=(0,), trials=2, real_trials=1,
+              keyframes_per_task=2, max_chunk=1, seed=0, workers=1, device="cpu", bf16=False)
+    first = ranking.rank_policies(specs, out_dir=tmp_path / "a", **kw)
+    _, train, val = load_split(layout.manifest, chunk=8)
+    assert first["keyframes"]["origin"].startswith("keyframes of held-out")
+    assert first["keyframes"]["count"] >= 1
+    assert set(first["keyframes"]["episodes"]) <= {e.key for e in val}  # never a trajectory the models saw
+    assert not set(first["keyframes"]["episodes"]) & {e.key for e in train}
+    for row in first["policies"]:
+        assert row["imagined"]["rollouts"] == 2 * first["keyframes"]["count"]
+        assert row["real"]["trials"] == 1 and 0 <= row["real"]["success_rate"] <= 1
+        assert row["imagined"]["seconds"] > 0 and row["imagined"]["steps_per_s"] > 0
+    assert first["policies"][2]["policy_id"].endswith("T4")
+    assert first["spearman"] is None or -1 <= first["spearman"] <= 1
+    assert first["cost"]["real_seconds"] > 0
+    again = ranking.rank_policies(specs, out_dir=tmp_path / "b", **kw)
+    assert [r["imagined"]["successes"] for r in again["policies"]] == [r["imagined"]["successes"] for r in first["policies"]]
+
+
+def test_the_entry_script_refuses_bad_input_before_loading(run_with_pair, root):  # noqa: F811
+    def run(*args):
+        return subprocess.run([sys.executable, "python/wm_rank.py", "--run", str(run_with_pair), "--profile", "tiny",
+                               *args], cwd=root, capture_output=True, text=True)
+
+    r = run("--policy", "sft/10")
+    assert r.returncode == 2 and "at least 2 policies" in r.stderr
+    r = run("--policy", "sft/10", "--policy", "sft/99")
+    assert r.returncode == 2 and "global_step_99" in r.stderr and "Traceback" not in r.stderr
+    r = run("--policy", "sft/5", "--policy", "sft/10", "--pair", str(run_with_pair / "nowhere"))
+    assert r.returncode == 2 and "make package" in r.stderr
+    r = run("--policy", "sft/5", "--policy", "sft/10@T=2", "--dry-run")
+    assert r.returncode == 0 and "held-out keyframe" in r.stdout and "sft/10@T=2" in r.stdout
+    with pytest.raises(ConfigError, match="at least 2"):
+        ranking.rank_policies([ranking.parse_policy("sft/5", run_with_pair)], pair=run_with_pair, manifest=run_with_pair,
+                              sim=TINY.sim, tasks=(0,), trials=1, real_trials=1, keyframes_per_task=1, max_chunk=0,
+                              seed=0, workers=1, out_dir=run_with_pair)
+    assert json.loads((run_with_pair / "model_pair" / "pair.json").read_text())  # nothing written over
