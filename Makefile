@@ -215,7 +215,7 @@ offline-install:
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
-#   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." [TRIALS=n REAL_TRIALS=n]
+#   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." [TRIALS=n REAL_TRIALS=n PAIR=d MANIFEST=f]
 #        imagined (held-out keyframes) vs real success per policy, Spearman, cost  PAIR/ranking.json
 #        (runs in .venv/train: it drives the real simulator too)
 WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)
@@ -245,7 +245,8 @@ wm-eval: setup
 wm-rank: setup
 	@test -n "$(POLICIES)" || { echo 'error: give POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." (2 or more; 4+ to mean much)'; exit 2; }
 	$(TRAIN_PY) python/wm_rank.py --profile $(PROFILE) --run $(RUN) $(foreach p,$(POLICIES),--policy $(p)) \
-		$(call opt,--trials,$(TRIALS)) $(call opt,--real-trials,$(REAL_TRIALS)) $(call opt,--workers,$(WORKERS)) $(DRY)
+		$(call opt,--pair,$(PAIR)) $(call opt,--manifest,$(MANIFEST)) $(call opt,--trials,$(TRIALS)) \
+		$(call opt,--real-trials,$(REAL_TRIALS)) $(call opt,--workers,$(WORKERS)) $(DRY)
 
 # ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
 #   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side
