@@ -136,6 +136,51 @@ def bench_imagination(prof, args, device) -> dict:
             "imagined_chunks_per_s": round(args.chunks * b / wall, 1), "imagined_steps_per_s": round(steps / wall, 1)}
 
 
+def bench_closed_loop(prof, args, device, batch: int) -> dict:
+    """Imagination with the policy in the loop, as GRPO in the pair runs it: per chunk the
+    policy (default-profile size) encodes both imagined views and samples its chunk with the
+    flow-SDE (K denoising steps), then both world models imagine the chunk. Random weights: the
+    speed depends on the shapes, not on what the models learned."""
+    import torch
+    from wmrl.config import get_profile
+    from wmrl.policy.model import FlowPolicy, images_to_input
+    from wmrl.policy.sampling import sde_sample
+    from wmrl.worldmodel.imagine import Imagination
+    from wmrl.worldmodel.model import FrameWorldModel, unit_to_images
+
+    pcfg = get_profile(args.profile).policy
+    torch.manual_seed(0)
+    policy = FlowPolicy(pcfg).to(device).eval()
+    main, wrist = FrameWorldModel(prof.main).to(device).eval(), FrameWorldModel(prof.wrist).to(device).eval()
+    world = Imagination(main, wrist)
+    cm, s = prof.main, prof.main.image_size
+    lang = torch.randn(batch, pcfg.lang_dim, device=device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    state = {}
+
+    def reset():
+        m = torch.rand(batch, cm.context, 3, s, s, device=device) * 2 - 1
+        w = torch.rand(batch, prof.wrist.context, 3, s, s, device=device) * 2 - 1
+        world.start(m, w, torch.randn(batch, cm.proprio_dim, device=device))
+        state.update(main=unit_to_images(m[:, -1]), wrist=unit_to_images(w[:, -1]))
+
+    def chunk():
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+            prefix = policy.encode(images_to_input(state["main"]), images_to_input(state["wrist"]), lang,
+                                   world.proprio[:, : pcfg.proprio_dim])
+            actions = sde_sample(policy, prefix, pcfg.denoise_steps, 0.5).actions
+            m, w, _ = world.step(actions.float())
+        state.update(main=unit_to_images(m.float()), wrist=unit_to_images(w.float()))
+
+    reset()
+    wall = _timed(chunk, args.warmup, args.chunks, device)
+    steps = args.chunks * batch * cm.chunk_size
+    return {"batch": batch, "chunks": args.chunks, "policy_params_m": round(sum(p.numel() for p in policy.parameters())
+                                                                           / 1e6, 2),
+            "denoise_steps": pcfg.denoise_steps, "wall_s": round(wall, 3),
+            "imagined_steps_per_s": round(steps / wall, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default="default", choices=["default", "tiny"])
@@ -147,21 +192,28 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (H200: 790)")
     p.add_argument("--sim-json", help="bench/sim_throughput.py --json output from the same machine")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--closed-loop", default="", help="batch sizes (e.g. 64,256,1024) of imagination with the policy in "
+                                                      "the loop")
+    p.add_argument("--skip-training", action="store_true", help="no training figures (no DeepSpeed needed)")
     args = p.parse_args()
     import torch
-    from wmrl.config import get_wm_profile
+    from wmrl.config import get_profile
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and args.peak_tflops is None:
         args.peak_tflops = 790.0
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    prof = get_wm_profile(args.profile)
+    prof = get_profile(args.profile).wm
     machine = {"host": platform.node(), "cpu_cores": os.cpu_count(), "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None, "profile": args.profile,
                "image_size": prof.main.image_size}
-    result = {"machine": machine, "training": bench_training(prof, args, device),
-              "imagination": bench_imagination(prof, args, device)}
+    result = {"machine": machine}
+    if not args.skip_training:
+        result["training"] = bench_training(prof, args, device)
+    result["imagination"] = bench_imagination(prof, args, device)
+    if args.closed_loop:
+        result["closed_loop"] = [bench_closed_loop(prof, args, device, int(b)) for b in args.closed_loop.split(",")]
     if args.sim_json:
         rows = json.loads(Path(args.sim_json).read_text())["rows"]
         real = [r["aggregate_steps_per_s"] for r in rows if r["mode"] == "cameras@chunk" and r["size"] == prof.main.image_size]
