@@ -276,15 +276,22 @@ check: setup
 	$(TRAIN_PY) python/check.py --env train $(if $(call yes,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_train.json))
 	$(WM_PY) python/check.py --env wm $(if $(call yes,$(REQUIRE_GPU)),--require-gpu) $(call opt,--out,$(if $(OUT),$(OUT)/check_wm.json))
 
-# ---- Bimanual world-model recipe (Stage 0 bidirectional, Stage 1 teacher forcing) ----------
+# ---- Bimanual world-model recipe (Stages 0-3, student export, few-step generation) ----------
 # Runs in .venv/wm. The bundle lives in RUN/bimanual/bundle unless OUT/DATA say otherwise.
 #   make bimanual-bundle [PROFILE=tiny] [OUT=dir] [DATA=libero.hdf5|folder] [EPISODES=n] [SEED=s] [OVERWRITE=1] [DRY_RUN=1]
 #   make bimanual-validate [DATA=bundle] [OUT=preview dir]     JSON, exits 1 unless passed
 #   make bimanual-materialize [DATA=bundle] [OUT=preview dir]  one packed Stage 0 batch, JSON
-#   make bimanual-train STAGE=0|1 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml] [GPUS=0,1]
+#   make bimanual-train STAGE=0|1|2|3 [PROFILE=tiny] [DATA=bundle] [PARENT=iteration root] [CONFIG=toml] [GPUS=0,1]
 #                       [SMOKE=1: 12 iterations, save at 12, own run name] [OVERRIDES="trainer.lr=1e-4"] [DRY_RUN=1]
+#       PARENT: Stage 1 <- Stage 0 root, Stage 2 (TF-dCM) <- Stage 1 root, Stage 3 (SF-DMD) <- Stage 2 root;
+#       Stage 3 also REFERENCE=<Stage 0 root> (real score and critic). Stages 2 and 3 run on one GPU.
 #       Checkpoints: RUN/bimanual/<job.name>/checkpoints/iter_*. Rerun the same command to resume.
 #   make bimanual-eval STAGE=1 CKPT_ROOT=<iteration root>   held-out next-chunk PSNR vs copying the last frame
+#   make wm-export STAGE3_CHECKPOINT_ROOT=<last root of a finished Stage 3 run> STUDENT_EXPORT=<new folder>
+#                  [STAGE3_CONFIG=<its TOML or config.json; default: the run's config.json>]
+#       the portable student: EMA weights (safetensors), the saved step schedule, action metadata, no local paths
+#   make bimanual-generate STUDENT=<export> CONTEXT="<bundle>:<episode> | <bundle> | clip.npz ..." OUT=<x.mp4|folder>
+#                  [TEACHER=<Stage 1 root>] [SEED=s] [GPUS=0]   MP4 + frames + PSNR and frames/s per clip
 STAGE          ?= 0
 BIMANUAL_DATA   = $(or $(DATA),$(RUN)/bimanual/bundle)
 BIMANUAL_CONFIG = $(or $(CONFIG),$(firstword $(wildcard data/configs/stage$(STAGE)_*.toml)))
@@ -292,10 +299,11 @@ BIMANUAL_ENV    = BIMANUAL_BUNDLE=$(BIMANUAL_DATA) BIMANUAL_OUTPUT_ROOT=$(RUN)/b
 # GPUS=0,1,...: one process per GPU through torchrun; the trainer then uses DeepSpeed ZeRO.
 BIMANUAL_PY     = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(BIMANUAL_ENV) \
                   $(if $(filter-out 0 1,$(NGPUS)),$(WM_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(WM_PY))
-BIMANUAL_OVR    = $(call opt,checkpoint.load_path=,$(PARENT)) $(OVERRIDES) \
+BIMANUAL_OVR    = $(subst checkpoint.reference= ,checkpoint.reference=,$(subst checkpoint.load_path= ,checkpoint.load_path=,\
+                  $(call opt,checkpoint.load_path=,$(PARENT)) $(call opt,checkpoint.reference=,$(REFERENCE)))) $(OVERRIDES) \
                   $(if $(call yes,$(SMOKE)),trainer.max_iter=12 checkpoint.save_iter=12 job.name=bimanual_stage$(STAGE)_smoke)
 
-.PHONY: bimanual-bundle bimanual-validate bimanual-materialize bimanual-train bimanual-eval
+.PHONY: bimanual-bundle bimanual-validate bimanual-materialize bimanual-train bimanual-eval wm-export bimanual-generate
 
 bimanual-bundle: setup
 	$(WM_PY) python/bimanual.py bundle --profile $(PROFILE) --out $(or $(OUT),$(RUN)/bimanual/bundle) $(call opt,--data,$(DATA)) \
@@ -309,11 +317,21 @@ bimanual-materialize: setup
 	$(WM_PY) python/bimanual.py materialize $(BIMANUAL_DATA) $(call opt,--out,$(OUT))
 
 bimanual-train: setup
-	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/configs/stage$(STAGE)_*.toml; give STAGE=0|1 or CONFIG=<toml>"; exit 2; }
+	@test -n "$(BIMANUAL_CONFIG)" || { echo "error: no data/configs/stage$(STAGE)_*.toml; give STAGE=0|1|2|3 or CONFIG=<toml>"; exit 2; }
 	$(BIMANUAL_PY) python/bimanual.py train --stage $(STAGE) --config $(BIMANUAL_CONFIG) --profile $(PROFILE) \
-		$(DRY) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
+		$(DRY) $(BIMANUAL_OVR)
 
 bimanual-eval: setup
 	@test -n "$(CKPT_ROOT)" || { echo "error: give CKPT_ROOT=<an iteration root, e.g. RUN/bimanual/bimanual_stage1/checkpoints/iter_000008000>"; exit 2; }
 	$(BIMANUAL_ENV) $(WM_PY) python/bimanual.py evaluate --config $(BIMANUAL_CONFIG) --profile $(PROFILE) --checkpoint $(CKPT_ROOT) \
-		$(call opt,--out,$(OUT)) $(subst checkpoint.load_path= ,checkpoint.load_path=,$(BIMANUAL_OVR))
+		$(call opt,--out,$(OUT)) $(BIMANUAL_OVR)
+
+wm-export: setup
+	@test -n "$(STAGE3_CHECKPOINT_ROOT)" -a -n "$(STUDENT_EXPORT)" || { echo "error: give STAGE3_CHECKPOINT_ROOT=<the last iteration root of a finished Stage 3 run> and STUDENT_EXPORT=<a new folder>"; exit 2; }
+	$(BIMANUAL_ENV) $(WM_PY) python/bimanual.py export --checkpoint $(STAGE3_CHECKPOINT_ROOT) --out $(STUDENT_EXPORT) \
+		--config $(or $(STAGE3_CONFIG),$(STAGE3_CHECKPOINT_ROOT)/../../config.json) --profile $(PROFILE) $(OVERRIDES)
+
+bimanual-generate: setup
+	@test -n "$(STUDENT)" -a -n "$(CONTEXT)" -a -n "$(OUT)" || { echo "error: give STUDENT=<export folder> CONTEXT=\"<bundle>:<episode> | <bundle> | clip.npz\" OUT=<x.mp4 | folder> [TEACHER=<Stage 1 root>]"; exit 2; }
+	$(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(WM_PY) python/bimanual.py generate --student $(STUDENT) --context $(CONTEXT) \
+		--out $(OUT) $(call opt,--teacher,$(TEACHER)) $(call opt,--seed,$(SEED))

@@ -16,7 +16,8 @@ returns only a few files).
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
-    python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000
+    python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
+                               (ITERS2: Stages 2-3, export, student vs teacher quality and frames/s)
     python3 bench/gpu.py grpo GRPO_RUN=runs/h200/grpo_b TAG=_b WORKERS_PER_RUN=8 ... BACKGROUND=1
                                                   # a second set of GRPO runs beside the first (A/B)
     python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
@@ -228,6 +229,22 @@ def phase_bimanual(v: dict, env: dict) -> None:
     root1 = f"{run}/bimanual/bimanual_stage1/checkpoints/iter_{int(i1):09d}"
     stage("stage1_eval", "bimanual.py", ["evaluate", "--config", "data/configs/stage1_tf.toml", "--checkpoint", root1,
                                          f"checkpoint.load_path={root0}", "--out", OUT / "stage1_eval.json"], env)
+    if "ITERS2" in v:  # part 2: distil the Stage 1 teacher into the four-step student, export it, compare
+        i2, i3 = v["ITERS2"], v.get("ITERS3", "300")
+        stage("stage2", "bimanual.py", ["train", "--stage", "2", "--config", "data/configs/stage2_tfdcm.toml",
+                                        "--no-progress", f"checkpoint.load_path={root1}", f"trainer.max_iter={i2}",
+                                        f"checkpoint.save_iter={i2}"], env)
+        root2 = f"{run}/bimanual/bimanual_stage2/checkpoints/iter_{int(i2):09d}"
+        stage("stage3", "bimanual.py", ["train", "--stage", "3", "--config", "data/configs/stage3_sfdmd.toml",
+                                        "--no-progress", f"checkpoint.load_path={root2}", f"checkpoint.reference={root0}",
+                                        f"trainer.max_iter={i3}", f"checkpoint.save_iter={i3}"], env)
+        root3 = f"{run}/bimanual/bimanual_stage3/checkpoints/iter_{int(i3):09d}"
+        student = f"{run}/bimanual/student"
+        stage("export", "bimanual.py", ["export", "--checkpoint", root3, "--config", "data/configs/stage3_sfdmd.toml",
+                                        "--out", student], env)
+        stage("generate", "bimanual.py", ["generate", "--student", student, "--teacher", root1, "--config",
+                                          "data/configs/stage1_tf.toml", "--context", bundle, "--out",
+                                          f"{run}/bimanual/generated", "--limit", v.get("CLIPS", "20")], env)
     pack(Path(run), "bimanual")
 
 

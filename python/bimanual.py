@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Bimanual world-model recipe: bundle -> validate -> materialize -> train (Stage 0, 1).
+"""Bimanual world-model recipe: bundle -> validate -> materialize -> train (Stages 0-3) -> export -> generate.
 
     python python/bimanual.py bundle --profile tiny --out runs/bimanual/bundle [--data LIBERO.hdf5]
     python python/bimanual.py validate runs/bimanual/bundle
@@ -8,6 +8,10 @@
     python python/bimanual.py train --stage 0 --config data/configs/stage0_bidir.toml trainer.max_iter=12 checkpoint.save_iter=12
     python python/bimanual.py evaluate --config data/configs/stage1_tf.toml --checkpoint RUN/checkpoints/iter_000008000
     python python/bimanual.py base --config data/configs/stage0_bidir.toml --out runs/bimanual/base
+    python python/bimanual.py train --stage 2 --config data/configs/stage2_tfdcm.toml checkpoint.load_path=STAGE1_ROOT
+    python python/bimanual.py train --stage 3 --config data/configs/stage3_sfdmd.toml checkpoint.load_path=STAGE2_ROOT checkpoint.reference=STAGE0_ROOT
+    python python/bimanual.py export --checkpoint STAGE3_ROOT --config data/configs/stage3_sfdmd.toml --out runs/bimanual/student
+    python python/bimanual.py generate --student runs/bimanual/student --context runs/bimanual/bundle:EPISODE_ID --out out.mp4 [--teacher STAGE1_ROOT]
 
 validate and materialize print JSON and exit 1 unless ``passed`` is true; both load no weights.
 """
@@ -28,11 +32,12 @@ from wmrl.config import ConfigError  # noqa: E402
 
 def _errors() -> tuple[type[BaseException], ...]:
     from wmrl.bimanual.bundle import BundleError
+    from wmrl.bimanual.export import ExportError
     from wmrl.bimanual.tokenizer import TokenizerError
     from wmrl.bimanual.train import TrainError
     from wmrl.data.trajectory import TrajectoryError
 
-    return (BundleError, TrainError, TokenizerError, TrajectoryError)
+    return (BundleError, ExportError, TrainError, TokenizerError, TrajectoryError)
 
 
 def _print(obj) -> None:
@@ -113,14 +118,24 @@ def cmd_train(a) -> int:
     return 0
 
 
-def cmd_evaluate(a) -> int:
-    from wmrl.bimanual.train import evaluate, read_root
+def _root_config(a, root: str):
+    """The stage config for reading an existing root: its parent and reference are not read
+    again, so the ones the root recorded fill what the command line leaves out."""
+    from wmrl.bimanual.train import read_root
 
-    if not any(o.startswith("checkpoint.load_path=") for o in a.overrides):
-        # the parent is not needed to evaluate; take the one the checkpoint recorded
-        meta = read_root(Path(a.checkpoint))
-        a.overrides = [*a.overrides, f"checkpoint.load_path={meta.get('parent') or a.checkpoint}"]
-    cfg = _stage_config(a)
+    meta = read_root(Path(root))
+    given = {o.split("=", 1)[0] for o in a.overrides}
+    if "checkpoint.load_path" not in given:
+        a.overrides = [*a.overrides, f"checkpoint.load_path={meta.get('parent') or root}"]
+    if "checkpoint.reference" not in given and meta.get("reference"):
+        a.overrides = [*a.overrides, f"checkpoint.reference={meta['reference']}"]
+    return _stage_config(a)
+
+
+def cmd_evaluate(a) -> int:
+    from wmrl.bimanual.train import evaluate
+
+    cfg = _root_config(a, a.checkpoint)
     report = evaluate(cfg, a.checkpoint, max_windows=a.max_windows, steps=a.steps, use_ema=not a.net_weights)
     _print(report)
     if a.out:
@@ -135,6 +150,32 @@ def cmd_base(a) -> int:
 
     cfg = _stage_config(a)
     print(f"base checkpoint written: {write_base(cfg, a.out, from_root=a.from_root)}")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from wmrl.bimanual.export import check_exportable, export_student
+
+    check_exportable(Path(a.checkpoint))  # before the config: a wrong root is named as such
+    report = export_student(_root_config(a, a.checkpoint), a.checkpoint, a.out)
+    _print(report)
+    print(f"student exported: {report['exported']} (next: python python/bimanual.py generate --student {report['exported']} "
+          "--context <bundle>:<episode> --out out.mp4)", file=sys.stderr)
+    return 0
+
+
+def cmd_generate(a) -> int:
+    from wmrl.bimanual.export import generate
+
+    teacher_cfg = None
+    if a.config:
+        if not a.teacher:
+            raise ConfigError("--config describes the --teacher; give --teacher <iteration root> with it (the student needs none)")
+        a.overrides = []
+        teacher_cfg = _root_config(a, a.teacher)
+    report = generate(a.student, a.context, a.out, teacher=a.teacher, teacher_cfg=teacher_cfg, context_frames=a.context_frames,
+                      length=a.frames, seed=a.seed, limit=a.limit, fps=a.fps, device=a.device)
+    _print(report)
     return 0
 
 
@@ -174,7 +215,8 @@ def parser() -> argparse.ArgumentParser:
 
     for name, fn, hlp in (("train", cmd_train, "train or resume one stage"),
                           ("evaluate", cmd_evaluate, "held-out next-chunk PSNR of an iteration root"),
-                          ("base", cmd_base, "write a base checkpoint for Stage 0")):
+                          ("base", cmd_base, "write a base checkpoint for Stage 0"),
+                          ("export", cmd_export, "write the portable student of a finished Stage 3 run")):
         t = sub.add_parser(name, help=hlp)
         t.add_argument("--config", required=True, help="a stage TOML (data/configs/stage*.toml)")
         t.add_argument("--stage", type=int, help="the stage the TOML must be (a guard)")
@@ -193,6 +235,26 @@ def parser() -> argparse.ArgumentParser:
         if name == "base":
             t.add_argument("--out", required=True)
             t.add_argument("--from-root", help="take the weights of this iteration root instead of fresh ones")
+        if name == "export":
+            t.add_argument("--checkpoint", required=True, help="the last iteration root of a finished Stage 3 run")
+            t.add_argument("--out", required=True, help="a new folder: the export (written whole or not at all)")
+
+    g = sub.add_parser("generate", help="video from context clips with an exported student (and a teacher to compare)")
+    g.add_argument("--student", required=True, help="an export folder (make wm-export)")
+    g.add_argument("--context", required=True, nargs="+",
+                   help="clips to start from: BUNDLE:EPISODE_ID, a bundle folder (its validation episodes) or a .npz "
+                        "(frames (K,H,W,3) uint8, raw actions (T,59), mask (T,59), domain, caption)")
+    g.add_argument("--out", required=True, help="an .mp4 for one context, else a folder (one .mp4 + .npz per clip, generate.json)")
+    g.add_argument("--teacher", help="an iteration root to compare with (e.g. Stage 1), sampled with its own Euler steps")
+    g.add_argument("--config", help="the teacher's stage TOML (default: the config its root recorded)")
+    g.add_argument("--profile", default="default", choices=("default", "tiny"), help="profile of --config")
+    g.add_argument("--context-frames", type=int, default=1, help="real frames given as context")
+    g.add_argument("--frames", type=int, help="transitions to generate (default: the training window's)")
+    g.add_argument("--limit", type=int, help="at most this many validation episodes per bundle folder")
+    g.add_argument("--seed", type=int, default=0, help="noise seed of every clip (the same clip gives the same frames)")
+    g.add_argument("--fps", type=int, default=6)
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.set_defaults(fn=cmd_generate, stage=None)
     return p
 
 

@@ -13,4 +13,6 @@ outputs video, not actions. Modules, in the order a reader meets them:
 - ``model``      causal, block-autoregressive video generator with a KV cache
 - ``config``     one TOML per stage, resolved into typed dataclasses
 - ``train``      the staged trainer (checkpoints per iteration root, resume, EMA)
+- ``distill``    Stages 2 and 3: consistency distillation, self-forcing DMD with a critic
+- ``export``     the portable Stage 3 student and few-step generation with it
 """

@@ -2,9 +2,9 @@
 
 Stage configs live in ``data/configs/stage{0..3}_*.toml``. A TOML has the sections of
 ``StageConfig`` (``job``, ``data``, ``model``, ``trainer``, ``checkpoint``, ``ema``,
-``parallelism``) and an optional ``[tiny]`` table of overrides for CPU runs
-(``--profile tiny``). String values may name environment variables as ``${VAR}`` or
-``${VAR:-default}`` (``BIMANUAL_BUNDLE``, ``BIMANUAL_STAGE0_CHECKPOINT`` ...). Command-line
+``parallelism``, and for Stages 2 and 3 ``distill``) and an optional ``[tiny]`` table of
+overrides for CPU runs (``--profile tiny``). String values may name environment variables as
+``${VAR}`` or ``${VAR:-default}`` (``BIMANUAL_BUNDLE``, ``BIMANUAL_STAGE0_CHECKPOINT`` ...). Command-line
 overrides are dotted ``section.key=value`` pairs, e.g. ``trainer.max_iter=12
 checkpoint.save_iter=12`` for the 12-iteration smoke run.
 """
@@ -22,9 +22,12 @@ from typing import Any
 from wmrl.config import ConfigError
 
 STAGES = {0: "bidirectional", 1: "teacher_forcing", 2: "tf_dcm", 3: "sf_dmd"}
-IMPLEMENTED_STAGES = (0, 1)
 REFERENCE_ITERS = {0: 35_000, 1: 8_000, 2: 4_000, 3: 1_500}
-PARENT_STAGE = {1: 0, 2: 1, 3: 2}  # Stage 3's reference/critic also reads Stage 0
+PARENT_STAGE = {1: 0, 2: 1, 3: 2}
+REFERENCE_STAGE = 0  # Stage 3's real score and critic start from this stage's EMA (checkpoint.reference)
+DISTILL_STAGES = (2, 3)
+# what may differ between a stage and its parent without changing a single weight
+NON_ARCH_MODEL_KEYS = ("denoise_steps",)
 
 
 # The bundle's settings (``BundleConfig``) live in the kit's one registry: ``wmrl.config``,
@@ -109,6 +112,9 @@ class CheckpointConfig:
     # Stage 0: a base checkpoint (bimanual.py base) or "" to start from fresh weights.
     # Later stages: the parent stage's exact completed iteration root.
     load_path: str = ""
+    # Stage 3 only: the completed Stage 0 iteration root whose EMA starts the real score
+    # (frozen teacher) and the critic (fake score).
+    reference: str = ""
     keep_last: int = 0  # 0: keep every saved iteration root
 
     def __post_init__(self) -> None:
@@ -144,6 +150,37 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """Stages 2 (TF-dCM) and 3 (SF-DMD): the few-step student and how it is distilled."""
+
+    # the student's sampling ladder: noise levels, pure noise first; at each level the
+    # student predicts the clean block and re-noises it to the next level. Saved with every
+    # Stage 2/3 checkpoint and with the export; Stage 3 must keep its Stage 2 parent's.
+    schedule: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+    teacher_steps: int = 32  # Stage 2: Euler steps of the teacher's ODE grid on [0, 1] (the schedule's levels are added)
+    student_every: int = 6  # Stage 3: every N-th iteration updates the student, the other N-1 the critic
+    critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer (the student's is trainer.lr)
+    dmd_t_min: float = 0.02  # Stage 3: noise levels at which real and fake score are compared
+    dmd_t_max: float = 0.98
+
+    def __post_init__(self) -> None:
+        s = self.schedule
+        if not s or not all(isinstance(x, (int, float)) for x in s):
+            raise ConfigError(f"distill.schedule={list(s)!r}: give the noise levels as numbers, e.g. [1.0, 0.75, 0.5, 0.25]")
+        if float(s[0]) != 1.0 or any(not 0 < float(x) <= 1 for x in s) or any(float(a) <= float(b) for a, b in zip(s, s[1:])):
+            raise ConfigError(f"distill.schedule={list(s)!r}: start at 1.0 (pure noise) and decrease strictly, every level in (0, 1]")
+        object.__setattr__(self, "schedule", tuple(float(x) for x in s))  # 1 and 1.0 are the same ladder
+        if self.teacher_steps < 1:
+            raise ConfigError(f"distill.teacher_steps={self.teacher_steps}: must be >= 1")
+        if self.student_every < 2:
+            raise ConfigError(f"distill.student_every={self.student_every}: must be >= 2 (one student update, the rest critic updates)")
+        if self.critic_lr <= 0:
+            raise ConfigError(f"distill.critic_lr={self.critic_lr}: must be > 0")
+        if not 0 < self.dmd_t_min < self.dmd_t_max < 1:
+            raise ConfigError(f"distill.dmd_t_min={self.dmd_t_min}, dmd_t_max={self.dmd_t_max}: use 0 < dmd_t_min < dmd_t_max < 1")
+
+
+@dataclass(frozen=True)
 class StageConfig:
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=lambda: DataConfig(bundle="-"))
@@ -152,12 +189,24 @@ class StageConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     parallelism: ParallelConfig = field(default_factory=ParallelConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     source: str = ""  # the TOML file this came from
 
     def __post_init__(self) -> None:
-        if self.job.stage > 0 and not self.checkpoint.load_path:
-            raise ConfigError(f"stage {self.job.stage} needs checkpoint.load_path: the completed iteration root of its "
-                              f"Stage {PARENT_STAGE[self.job.stage]} run (e.g. runs/bimanual/<run>/checkpoints/iter_000008000)")
+        stage = self.job.stage
+        if stage > 0 and not self.checkpoint.load_path:
+            raise ConfigError(f"stage {stage} needs checkpoint.load_path: the completed iteration root of its "
+                              f"Stage {PARENT_STAGE[stage]} run (e.g. runs/bimanual/<run>/checkpoints/iter_000008000)")
+        if stage == 3 and not self.checkpoint.reference:
+            raise ConfigError("stage 3 needs checkpoint.reference: the completed iteration root of its Stage 0 run (real score "
+                              "and critic start from its EMA; BIMANUAL_STAGE0_CHECKPOINT=... or make ... REFERENCE=...)")
+        if stage in DISTILL_STAGES:
+            if not self.ema.enabled:
+                raise ConfigError(f"stage {stage} needs ema.enabled = true: the EMA student is the exported model"
+                                  + (" and the consistency target" if stage == 2 else ""))
+            if self.model.denoise_steps != len(self.distill.schedule):
+                raise ConfigError(f"model.denoise_steps={self.model.denoise_steps} but distill.schedule has "
+                                  f"{len(self.distill.schedule)} levels; a student samples with its schedule: make them equal")
 
     @property
     def run_dir(self) -> Path:
@@ -168,12 +217,14 @@ class StageConfig:
         return STAGES[self.job.stage]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # through JSON so a tuple compares equal to the list a saved config.json holds
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(StageConfig) if f.name != "source"}
 _SECTION_CLASSES = {"job": JobConfig, "data": DataConfig, "model": ModelConfig, "trainer": TrainerConfig,
-                    "checkpoint": CheckpointConfig, "ema": EMAConfig, "parallelism": ParallelConfig}
+                    "checkpoint": CheckpointConfig, "ema": EMAConfig, "parallelism": ParallelConfig,
+                    "distill": DistillConfig}
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -187,7 +238,8 @@ def _expand(value: Any, where: str) -> Any:
             return os.environ[name]
         if default is not None:
             return default
-        hint = " (with make: PARENT=<the parent stage's completed iteration root>)" if where == "checkpoint.load_path" else ""
+        hint = {"checkpoint.load_path": " (with make: PARENT=<the parent stage's completed iteration root>)",
+                "checkpoint.reference": " (with make: REFERENCE=<the Stage 0 run's completed iteration root>)"}.get(where, "")
         raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=... or override {where}=...){hint}")
 
     return _ENV.sub(sub, value)
@@ -212,7 +264,8 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def load_stage_config(path: str | os.PathLike, *, profile: str = "default", overrides: list[str] | tuple = ()) -> StageConfig:
-    """Read a stage TOML, apply the profile table and dotted overrides, validate."""
+    """Read a stage TOML, apply the profile table and dotted overrides, validate. A run's own
+    ``config.json`` (the resolved config it recorded) reads the same way, without profiles."""
     try:
         import tomllib  # type: ignore[import-not-found]
     except ModuleNotFoundError:  # Python 3.10 (the wm environment)
@@ -221,10 +274,19 @@ def load_stage_config(path: str | os.PathLike, *, profile: str = "default", over
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such stage config; the kit's are data/configs/stage0_bidir.toml ... stage3_sfdmd.toml")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text())
+        except ValueError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: not a run's config.json (sections {sorted(_SECTIONS)})")
+        profile = "default"  # already resolved: its profile was applied when the run started
+    else:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML ({e})") from None
     profiles = {k: raw.pop(k) for k in list(raw) if k in ("tiny", "default") and isinstance(raw[k], dict)}
     if profile not in ("default", "tiny"):
         raise ConfigError(f"profile={profile!r}: choose default or tiny")
@@ -250,6 +312,8 @@ def load_stage_config(path: str | os.PathLike, *, profile: str = "default", over
             want = type(getattr(cls(**({"bundle": "-"} if cls is DataConfig else {})), k))
             if want is float and isinstance(v, int):
                 values[k] = float(v)
+            elif want is tuple and isinstance(v, list):
+                values[k] = tuple(v)
             elif want is int and isinstance(v, str) and v.lstrip("-").isdigit():
                 values[k] = int(v)
             elif want is not type(v) and not (want is float and isinstance(v, float)):

@@ -28,6 +28,12 @@ Attention modes (frames grouped into blocks of ``block_frames``; frame 0 is bloc
   and their keys/values kept; each new block is denoised attending to the cache, then
   pushed through clean and appended. ``test_kv_cache_matches_teacher_forcing`` checks that
   the cache reproduces the teacher-forcing outputs exactly.
+
+Few-step sampling (the distilled students of Stages 2 and 3): a *schedule* of noise levels
+``[1.0, 0.75, 0.5, 0.25]``; at each level the network predicts the clean block, which is
+re-noised with fresh noise to the next level; the last prediction is the block
+(``jump_block``). The same function generates Stage 3's self-forcing rollouts, so the student
+is trained exactly the way it samples.
 """
 
 from __future__ import annotations
@@ -231,13 +237,35 @@ class VideoWorldModel(nn.Module):
             x = x + (ts[i + 1] - ts[i]) * v  # the last step lands on x0
         return x.clamp(-1, 1)
 
+    def jump_block(self, cache, frame_idx, act, am, domain, cap_vec, schedule, generator=None, grad_level: int | None = None):
+        """Few-step generation of one block along ``schedule`` (see the module doc).
+
+        ``grad_level``: stop at that level and return its prediction with gradients, unclamped
+        (Stage 3 trains a random exit level per rollout, as self-forcing does); the levels before
+        it run without gradients. Without it: every level, no gradients, clamped to [-1, 1]."""
+        b, s = act.shape[0], len(frame_idx)
+        shape = (b, s, 3, self.image_size, self.image_size)
+        x = torch.randn(shape, device=act.device, generator=generator)
+        last = len(schedule) - 1 if grad_level is None else grad_level
+        for i in range(last + 1):
+            t = torch.full((b, s), float(schedule[i]), device=act.device)
+            with torch.set_grad_enabled(grad_level is not None and i == grad_level and torch.is_grad_enabled()):
+                x0 = self._forward(x, frame_idx, t, act, am, domain, cap_vec, None, cache, append=False)
+            if i < last:
+                nxt = float(schedule[i + 1])
+                x = (1 - nxt) * x0.detach() + nxt * torch.randn(shape, device=act.device, generator=generator)
+        return x0 if grad_level is not None else x0.clamp(-1, 1)
+
     @torch.no_grad()
-    def rollout(self, batch, *, context_frames: int = 1, teacher_forced: bool = True, steps: int | None = None, generator=None):
+    def rollout(self, batch, *, context_frames: int = 1, teacher_forced: bool = True, steps: int | None = None, generator=None,
+                schedule=None):
         """Generate frames ``context_frames..T`` block by block with the KV cache.
 
         ``teacher_forced``: after each block, the *real* frames are appended to the cache
         (next-chunk prediction from true history); otherwise the generated ones
-        (autoregressive rollout). Returns (B, T+1, 3, H, W) with the context copied."""
+        (autoregressive rollout). ``schedule``: few-step sampling along these noise levels
+        (a distilled student) instead of ``steps`` Euler steps. Returns (B, T+1, 3, H, W) with
+        the context copied."""
         video = batch["video"]
         f, dev = video.shape[1], video.device
         steps = steps or self.cfg.denoise_steps
@@ -253,7 +281,10 @@ class VideoWorldModel(nn.Module):
         while b is not None and b <= int(blocks[-1]):
             idx = torch.nonzero(blocks == b).flatten()
             idx = idx[idx >= context_frames]
-            gen = self.denoise_block(cache, idx, act[:, idx], am[:, idx], dom, cap, steps, generator)
+            if schedule is not None:
+                gen = self.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, generator)
+            else:
+                gen = self.denoise_block(cache, idx, act[:, idx], am[:, idx], dom, cap, steps, generator)
             out.append(gen)
             clean = video[:, idx] if teacher_forced else gen
             self.push_clean(cache, clean, idx, act[:, idx], am[:, idx], dom, cap)

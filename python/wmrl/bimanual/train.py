@@ -1,4 +1,5 @@
-"""The staged trainer: Stage 0 (bidirectional) and Stage 1 (teacher forcing).
+"""The staged trainer: Stage 0 (bidirectional) and Stage 1 (teacher forcing); the same loop,
+checkpoints and resume drive Stages 2 and 3 (``wmrl.bimanual.distill``).
 
 Read top to bottom: ``resolve`` (the plan; reads JSON only, loads no weights) ->
 ``train`` (build model, load the start point, train, save iteration roots).
@@ -11,6 +12,8 @@ Run folder (``<job.output_root>/<job.name>/``)::
         model.pt                     {"net": ..., "net_ema": ...}
         optim.pt                     optimizer and scheduler state
         trainer_state.pt             RNG states, loader state
+        teacher.pt, critic.pt        Stages 2 and 3 only: the frozen teacher and the critic
+                                     (training-only; never exported)
         checkpoint.json              stage, iteration, bundle fingerprint, parent, sha256 of
                                      the files above; written last: its presence = complete
     checkpoints/latest.txt           name of the newest complete iteration root
@@ -44,7 +47,7 @@ from typing import Any
 
 from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
-from wmrl.bimanual.config import IMPLEMENTED_STAGES, PARENT_STAGE, STAGES, StageConfig
+from wmrl.bimanual.config import DISTILL_STAGES, PARENT_STAGE, StageConfig
 from wmrl.device import pick_device
 from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, hash_tree, read_json, sha256_file, write_json
@@ -66,6 +69,25 @@ def read_root(path: Path) -> dict[str, Any]:
     return read_json(path / "checkpoint.json", TrainError, "no checkpoint.json: not a completed iteration root")
 
 
+def bind_root(lp: str, field: str = "checkpoint.load_path") -> dict[str, Any]:
+    """checkpoint.json of the exact completed iteration root that ``field`` names (JSON only)."""
+    path = Path(lp)
+    if not path.is_dir():
+        raise TrainError(f"{field}={lp}: no such folder")
+    if not (path / "checkpoint.json").is_file():
+        roots = sorted(path.glob("iter_*")) or sorted(path.glob("checkpoints/iter_*"))
+        hint = f"; bind its exact completed iteration root, e.g. {roots[-1]}" if roots else ""
+        raise TrainError(f"{field}={lp} is not an iteration root (no checkpoint.json){hint}")
+    meta = read_root(path)
+    if not meta.get("complete"):
+        raise TrainError(f"{lp}: the iteration root is incomplete (the save did not finish); use an earlier root")
+    return meta
+
+
+def describe_root(meta: dict[str, Any]) -> str:
+    return "a base checkpoint" if meta.get("kind") == "base" else f"a Stage {meta.get('stage')} root"
+
+
 def check_parent(cfg: StageConfig) -> dict[str, Any] | None:
     """The start point named by ``checkpoint.load_path``, checked before any weights load."""
     lp = cfg.checkpoint.load_path
@@ -74,24 +96,14 @@ def check_parent(cfg: StageConfig) -> dict[str, Any] | None:
         if stage == 0:
             return None  # fresh weights
         raise TrainError(f"stage {stage} needs checkpoint.load_path (its Stage {PARENT_STAGE[stage]} iteration root)")
-    path = Path(lp)
-    if not path.is_dir():
-        raise TrainError(f"checkpoint.load_path={lp}: no such folder")
-    if not (path / "checkpoint.json").is_file():
-        roots = sorted(path.glob("iter_*")) or sorted(path.glob("checkpoints/iter_*"))
-        hint = f"; bind its exact completed iteration root, e.g. {roots[-1]}" if roots else ""
-        raise TrainError(f"checkpoint.load_path={lp} is not an iteration root (no checkpoint.json){hint}")
-    meta = read_root(path)
-    if not meta.get("complete"):
-        raise TrainError(f"{lp}: the iteration root is incomplete (the save did not finish); use an earlier root")
+    meta = bind_root(lp)
     if stage == 0:
         if meta.get("kind") not in ("base", "stage"):
             raise TrainError(f"{lp}: not a base checkpoint (kind={meta.get('kind')!r})")
     else:
         want = PARENT_STAGE[stage]
         if meta.get("kind") != "stage" or meta.get("stage") != want:
-            got = "a base checkpoint" if meta.get("kind") == "base" else f"a Stage {meta.get('stage')} root"
-            raise TrainError(f"stage {stage} must start from a completed Stage {want} iteration root; {lp} is {got}")
+            raise TrainError(f"stage {stage} must start from a completed Stage {want} iteration root; {lp} is {describe_root(meta)}")
     return meta
 
 
@@ -105,14 +117,16 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
     """The full plan of a run: config, data, load paths, EMA, parallelism, logging, resume.
 
     Reads only JSON files (bundle manifest, checkpoint.json): safe for ``--dry-run``."""
-    if cfg.job.stage not in IMPLEMENTED_STAGES:
-        raise TrainError(f"stage {cfg.job.stage} ({STAGES[cfg.job.stage]}) is not implemented in this kit yet; "
-                         f"stages {IMPLEMENTED_STAGES} are")
     try:
         bundle = Bundle(cfg.data.bundle)
     except BundleError as e:
         raise TrainError(str(e)) from None
     parent = check_parent(cfg)
+    distill_plan = None
+    if cfg.job.stage in DISTILL_STAGES:
+        from wmrl.bimanual.distill import plan as plan_distill
+
+        distill_plan = plan_distill(cfg, parent)
     resume = latest_root(cfg.run_dir)
     if resume is not None:
         meta = read_root(resume)
@@ -123,8 +137,15 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
         if (meta.get("parent") or "") != (str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else ""):
             raise TrainError(f"run {cfg.run_dir} started from parent {meta.get('parent') or 'fresh weights'}; rerun with that "
                              "checkpoint.load_path or choose a new job.name")
+        ref = str(Path(cfg.checkpoint.reference).resolve()) if cfg.job.stage == 3 and cfg.checkpoint.reference else ""
+        if (meta.get("reference") or "") != ref:
+            raise TrainError(f"run {cfg.run_dir} started from reference {meta.get('reference')}; rerun with that "
+                             "checkpoint.reference or choose a new job.name")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     backend = cfg.parallelism.backend
+    if cfg.job.stage in DISTILL_STAGES and (world > 1 or backend == "deepspeed"):
+        raise TrainError(f"stage {cfg.job.stage} runs in one process (parallelism.backend = plain or auto, one GPU): "
+                         "launch it without several GPUS")
     if backend == "auto":
         backend = "deepspeed" if world > 1 else "plain"
     if backend == "plain" and world > 1:
@@ -141,8 +162,9 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
                  "image": bundle.manifest["image"], "sources": bundle.source_weights(),
                  "train_windows": sum(w["split"] == "train" for w in bundle.windows)},
         "load": ({"kind": "resume", "path": str(resume), "restores": ["iteration", "net", "net_ema", "optimizer",
-                                                                      "scheduler", "rng", "loader"]}
-                 if resume else
+                                                                      "scheduler", "rng", "loader"]
+                  + (distill_plan["restores"] if distill_plan else [])}
+                 if resume else distill_plan["load"] if distill_plan else
                  {"kind": "fresh" if parent is None else parent.get("kind"), "path": cfg.checkpoint.load_path or None,
                   "parent_stage": None if parent is None else parent.get("stage"),
                   "parent_iteration": None if parent is None else parent.get("iteration"),
@@ -154,6 +176,7 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
         "logging": {"wandb_mode": cfg.job.wandb_mode, "log": str(cfg.run_dir / "log.jsonl")},
         "schedule": {"max_iter": cfg.trainer.max_iter, "save_iter": cfg.checkpoint.save_iter,
                      "batch_size": cfg.data.batch_size},
+        **({"distill": distill_plan["distill"]} if distill_plan else {}),
     }
 
 
@@ -192,11 +215,12 @@ def load_regular_weights(net, state: dict, *, skip_prefixes: tuple[str, ...], wh
     net.load_state_dict(own, strict=True)
 
 
-def make_scheduler(opt, cfg: StageConfig):
-    """Linear warmup, then cosine decay to 10% of the learning rate at max_iter."""
+def make_scheduler(opt, cfg: StageConfig, total: int | None = None):
+    """Linear warmup, then cosine decay to 10% of the learning rate at ``total`` optimizer
+    steps (default max_iter; Stage 3's two optimizers each count their own updates)."""
     import torch
 
-    warm, total = cfg.trainer.warmup_iter, cfg.trainer.max_iter
+    warm, total = cfg.trainer.warmup_iter, total or cfg.trainer.max_iter
 
     def factor(i: int) -> float:
         if i < warm:
@@ -228,11 +252,13 @@ class Dist:
 
 
 def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, meta: dict,
-              engine=None, dist: Dist | None = None) -> Path:
+              engine=None, dist: Dist | None = None, files: dict | None = None, optim: dict | None = None) -> Path:
     """Write one complete iteration root atomically (temporary folder, then rename).
 
     With DeepSpeed every rank writes its ZeRO shards (``deepspeed/``) and its own RNG state;
-    rank 0 writes the full weights and EMA (``model.pt``), ``checkpoint.json`` and renames."""
+    rank 0 writes the full weights and EMA (``model.pt``), ``checkpoint.json`` and renames.
+    ``files``: more states to save by name (Stages 2/3: ``teacher.pt``, ``critic.pt``);
+    ``optim``: more optimizer/scheduler states for ``optim.pt`` (Stage 3's critic)."""
     import shutil
 
     import torch
@@ -253,7 +279,9 @@ def save_root(run_dir: Path, iteration: int, *, net, ema, opt, sched, loader, me
     if dist.rank == 0:
         torch.save({"net": net.state_dict(), "net_ema": ema.net.state_dict() if ema else None}, tmp / "model.pt")
         if engine is None:
-            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **(optim or {})}, tmp / "optim.pt")
+        for name, state in (files or {}).items():
+            torch.save(state, tmp / name)
     dist.barrier()
     if dist.rank == 0:
         files = hash_tree(tmp)
@@ -306,6 +334,40 @@ def _init_deepspeed(cfg: StageConfig):
     return deepspeed
 
 
+def record_config(cfg: StageConfig, dist: Dist) -> dict[str, Any]:
+    """Write the run's resolved config.json, or check a rerun against it (what may change on a
+    resume: trainer, checkpoint, parallelism)."""
+    saved_cfg = cfg.run_dir / "config.json"
+    resolved = {k: v for k, v in cfg.to_dict().items() if k != "source"}
+    # Stages 0/1 never read [distill]: runs started before it existed still resume
+    free = ("trainer", "checkpoint", "parallelism") + (("distill",) if cfg.job.stage not in DISTILL_STAGES else ())
+    if saved_cfg.exists():
+        prev = read_json(saved_cfg, TrainError, "missing")
+        prev_cmp = {k: v for k, v in prev.items() if k not in free}
+        cur_cmp = {k: v for k, v in resolved.items() if k not in free}
+        if prev_cmp != cur_cmp:
+            raise TrainError(f"{saved_cfg}: this run was started with a different config (model/data/ema/job/distill); "
+                             "rerun with the same TOML or choose a new job.name")
+    dist.barrier()
+    if dist.rank == 0:
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(saved_cfg, resolved)
+    return resolved
+
+
+def run_meta(cfg: StageConfig, bundle: Bundle, resolved: dict, backend: str, dist: Dist, net) -> dict[str, Any]:
+    """What every iteration root of a run records in checkpoint.json."""
+    import torch
+
+    return {"kind": "stage", "stage": cfg.job.stage, "mode": cfg.mode, "run_name": cfg.job.name,
+            "bundle": str(bundle.path), "bundle_fingerprint": bundle.fingerprint,
+            "parent": str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else "",
+            "parallelism": {"backend": backend, "world_size": dist.world,
+                            "zero_stage": cfg.parallelism.zero_stage if backend == "deepspeed" else None},
+            "config": resolved, "kit_version": __version__, "git_commit": git_commit(),
+            "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
+
+
 @dataclass
 class StageState:
     """``init_state``'s result: the network, its optimizer, schedule, EMA, loader and (with
@@ -325,6 +387,19 @@ class StageState:
     summary: dict
     amp: bool
 
+    def step(self, iteration: int) -> dict[str, Any]:
+        """One trainer iteration; the record logged for it (``loss`` and ``grad_norm`` at least)."""
+        loss, gnorm = train_step(self, iteration)
+        return {"loss": float(loss), "grad_norm": float(gnorm)}
+
+    def save(self, iteration: int) -> Path:
+        return save_root(self.cfg.run_dir, iteration, net=self.net, ema=self.ema, opt=self.opt, sched=self.sched,
+                         loader=self.loader, meta=self.meta, engine=self.engine, dist=self.dist)
+
+    def final(self) -> dict[str, Any]:
+        """What the run's summary adds at the end."""
+        return {"ema_copies": self.ema.copies if self.ema else 0}
+
 
 def init_state(cfg: StageConfig) -> StageState:
     """The plan checked, the run's config recorded (or compared), the model built, and the
@@ -341,19 +416,7 @@ def init_state(cfg: StageConfig) -> StageState:
     deepspeed = _init_deepspeed(cfg) if use_ds else None
     dist = Dist(use_ds)
     run_dir = cfg.run_dir
-    saved_cfg = run_dir / "config.json"
-    resolved = {k: v for k, v in cfg.to_dict().items() if k != "source"}
-    if saved_cfg.exists():
-        prev = read_json(saved_cfg, TrainError, "missing")
-        prev_cmp = {k: v for k, v in prev.items() if k not in ("trainer", "checkpoint", "parallelism")}
-        cur_cmp = {k: v for k, v in resolved.items() if k not in ("trainer", "checkpoint", "parallelism")}
-        if prev_cmp != cur_cmp:
-            raise TrainError(f"{saved_cfg}: this run was started with a different config (model/data/ema/job); "
-                             "rerun with the same TOML or choose a new job.name")
-    dist.barrier()
-    if dist.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(saved_cfg, resolved)
+    resolved = record_config(cfg, dist)
     device = pick_device(cfg.trainer.device, int(os.environ.get("LOCAL_RANK", "0")))
 
     torch.manual_seed(cfg.trainer.seed)
@@ -414,13 +477,7 @@ def init_state(cfg: StageConfig) -> StageState:
     if resume:
         rng.restore(ts["rng"])  # last: building the engine must not shift the random stream
 
-    meta = {"kind": "stage", "stage": cfg.job.stage, "mode": cfg.mode, "run_name": cfg.job.name,
-            "bundle": str(bundle.path), "bundle_fingerprint": bundle.fingerprint,
-            "parent": str(Path(cfg.checkpoint.load_path).resolve()) if cfg.checkpoint.load_path else "",
-            "parallelism": {"backend": plan["parallelism"]["backend"], "world_size": dist.world,
-                            "zero_stage": cfg.parallelism.zero_stage if use_ds else None},
-            "config": resolved, "kit_version": __version__, "git_commit": git_commit(),
-            "torch": torch.__version__, "model_params": sum(p.numel() for p in net.parameters())}
+    meta = run_meta(cfg, bundle, resolved, plan["parallelism"]["backend"], dist, net)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "start_iteration": start, "resumed": resume,
                                "ema_copies": ema.copies if ema else 0, "backend": plan["parallelism"]["backend"],
                                "world_size": dist.world, "rank": dist.rank}
@@ -465,7 +522,12 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     process without a final save (tests use it to simulate a kill)."""
     from tqdm import tqdm
 
-    S = init_state(cfg)
+    if cfg.job.stage in DISTILL_STAGES:
+        from wmrl.bimanual.distill import init_distill
+
+        S = init_distill(cfg)
+    else:
+        S = init_state(cfg)
     start, summary, dist, run_dir = S.start, S.summary, S.dist, cfg.run_dir
     if start >= cfg.trainer.max_iter:
         summary.update(final_iteration=start, iterations_run=0, checkpoint=str(latest_root(run_dir)), finished=True)
@@ -479,16 +541,15 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
                file=sys.stderr, initial=start, total=cfg.trainer.max_iter)
     last_save = None
     for it0 in bar:
-        loss, gnorm = train_step(S, it0 + 1)
         it = it0 + 1
-        losses.append(float(loss))
+        rec = S.step(it)
+        losses.append(rec["loss"])
         if dist.rank == 0 and (it % cfg.trainer.log_iter == 0 or it == cfg.trainer.max_iter):
-            log.write({"step": it, "iteration": it, "loss": float(loss), "grad_norm": float(gnorm),
+            log.write({"step": it, "iteration": it, **rec,
                        "lr": S.sched.get_last_lr()[0], "it_per_s": (it - start) / max(time.time() - t0, 1e-9)})
-            bar.set_postfix(loss=f"{float(loss):.4f}")
+            bar.set_postfix(loss=f"{rec['loss']:.4f}")
         if it % cfg.checkpoint.save_iter == 0 or it == cfg.trainer.max_iter:
-            last_save = save_root(run_dir, it, net=S.net, ema=S.ema, opt=S.opt, sched=S.sched, loader=S.loader,
-                                  meta=S.meta, engine=S.engine, dist=dist)
+            last_save = S.save(it)
             if cfg.checkpoint.keep_last and dist.rank == 0:
                 import shutil
 
@@ -499,9 +560,9 @@ def train(cfg: StageConfig, *, progress: bool = True, stop_after: int | None = N
     log.close()
     elapsed = time.time() - t0
     summary.update(final_iteration=it, iterations_run=it - start, loss_first=losses[0], loss_last=losses[-1],
-                   grad_norm_last=float(gnorm), finite=True, it_per_s=(it - start) / max(elapsed, 1e-9),
+                   grad_norm_last=rec["grad_norm"], finite=True, it_per_s=(it - start) / max(elapsed, 1e-9),
                    checkpoint=str(last_save) if last_save else None, finished=it >= cfg.trainer.max_iter,
-                   ema_copies=S.ema.copies if S.ema else 0, device=str(S.device))
+                   device=str(S.device), **S.final())
     return summary
 
 
@@ -535,7 +596,8 @@ def write_base(cfg: StageConfig, out: str | os.PathLike, *, from_root: str | Non
 def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64, steps: int | None = None,
              use_ema: bool = True, seed: int = 0) -> dict[str, Any]:
     """Held-out next-chunk PSNR: from true history (KV cache), generate the next block and
-    compare with the real frames; the baseline copies the last real frame."""
+    compare with the real frames; the baseline copies the last real frame. A distilled root
+    (Stages 2, 3) samples with its saved schedule unless ``steps`` asks for Euler steps."""
     import torch
 
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
@@ -550,11 +612,12 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     net.to(device).eval()
     loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="val", batch_size=cfg.data.batch_size)
     g = torch.Generator(device=device).manual_seed(seed)
+    schedule = meta.get("schedule") if steps is None else None
     model_p, copy_p, n = [], [], 0
     t0 = time.time()
     for batch, wins in loader.iter_val(limit=max_windows):
         batch = {k: v.to(device) for k, v in batch.items()}
-        gen = net.rollout(batch, context_frames=1, teacher_forced=True, steps=steps, generator=g)
+        gen = net.rollout(batch, context_frames=1, teacher_forced=True, steps=steps, generator=g, schedule=schedule)
         real = batch["video"]
         valid = batch["frame_mask"][:, 1:]
         model_p.append(psnr(gen[:, 1:], real[:, 1:])[valid])
@@ -567,5 +630,6 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     mp, cp = torch.cat(model_p), torch.cat(copy_p)
     return {"checkpoint": str(root), "stage": meta.get("stage"), "iteration": meta.get("iteration"), "weights": "ema" if use_ema else "net",
             "val_windows": n, "frames": int(mp.numel()), "psnr_model_db": float(mp.mean()), "psnr_copy_last_db": float(cp.mean()),
-            "denoise_steps": steps or cfg.model.denoise_steps, "block_frames": cfg.model.block_frames,
+            "denoise_steps": len(schedule) if schedule else steps or cfg.model.denoise_steps, "schedule": schedule,
+            "block_frames": cfg.model.block_frames,
             "seconds": round(time.time() - t0, 2), "device": str(device)}

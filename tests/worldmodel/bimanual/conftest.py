@@ -1,4 +1,8 @@
-"""Fixtures: one tiny two-source bundle per session (ALOHA + converted LIBERO trajectories)."""
+"""Fixtures: one tiny two-source bundle per session (ALOHA + converted LIBERO trajectories)
+and one tiny Stage 0 -> 1 -> 2 -> 3 chain on it.
+
+Single-threaded, as the policy and RL tests: on the test machine's two shared cores the tiny
+models' small matrix products are many times slower with two threads than with one."""
 
 import dataclasses
 import os
@@ -8,9 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 os.environ.setdefault("TQDM_DISABLE", "1")
+torch.set_num_threads(1)
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # for the fresh processes tests start
+CONFIGS = {0: "stage0_bidir.toml", 1: "stage1_tf.toml", 2: "stage2_tfdcm.toml", 3: "stage3_sfdmd.toml"}
 
 # Short ALOHA episodes (160 control steps, a frame every 16): the full planners need 400.
 TEST_BUNDLE = dict(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=16, max_steps=160,
@@ -61,16 +69,40 @@ def bundle_copy(bundle_dir, tmp_path) -> Path:
     return dst
 
 
-@pytest.fixture
-def stage_cfg(bundle_dir, tmp_path):
-    """Load a kit TOML at tiny scale with this test's bundle and output root."""
+def config_maker(bundle_dir, output_root):
+    """Load a kit TOML at tiny scale with the given bundle and output root."""
     from wmrl.bimanual.config import load_stage_config
 
     def make(stage: int = 0, *overrides: str):
-        name = {0: "stage0_bidir.toml", 1: "stage1_tf.toml"}[stage]
-        over = [f"data.bundle={bundle_dir}", f"job.output_root={tmp_path / 'runs'}", *overrides]
-        if stage == 1 and not any(o.startswith("checkpoint.load_path=") for o in over):
+        over = [f"data.bundle={bundle_dir}", f"job.output_root={output_root}", *overrides]
+        if stage > 0 and not any(o.startswith("checkpoint.load_path=") for o in over):
             over.append("checkpoint.load_path=/nonexistent")
-        return load_stage_config(ROOT / "data" / "configs" / name, profile="tiny", overrides=over)
+        if stage == 3 and not any(o.startswith("checkpoint.reference=") for o in over):
+            over.append("checkpoint.reference=/nonexistent")
+        return load_stage_config(ROOT / "data" / "configs" / CONFIGS[stage], profile="tiny", overrides=over)
 
     return make
+
+
+@pytest.fixture
+def stage_cfg(bundle_dir, tmp_path):
+    return config_maker(bundle_dir, tmp_path / "runs")
+
+
+@pytest.fixture(scope="session")
+def chain(bundle_dir, tmp_path_factory):
+    """Finished tiny runs of all four stages, each from the previous one's exact root (Stage 3's
+    reference: Stage 0's). Tests read these roots; runs of their own go to their tmp_path."""
+    from wmrl.bimanual.train import train
+
+    make = config_maker(bundle_dir, tmp_path_factory.mktemp("chain"))
+    roots = {}
+    roots[0] = Path(train(make(0, "job.name=c0", "trainer.max_iter=4", "checkpoint.save_iter=4"), progress=False)["checkpoint"])
+    roots[1] = Path(train(make(1, "job.name=c1", "trainer.max_iter=4", "checkpoint.save_iter=4",
+                               f"checkpoint.load_path={roots[0]}"), progress=False)["checkpoint"])
+    roots[2] = Path(train(make(2, "job.name=c2", "trainer.max_iter=4", "checkpoint.save_iter=4",
+                               f"checkpoint.load_path={roots[1]}"), progress=False)["checkpoint"])
+    cfg3 = make(3, "job.name=c3", "trainer.log_iter=1", f"checkpoint.load_path={roots[2]}", f"checkpoint.reference={roots[0]}")
+    s3 = train(cfg3, progress=False)
+    roots[3] = Path(s3["checkpoint"])
+    return {"roots": roots, "cfg3": cfg3, "summary3": s3, "make": make}

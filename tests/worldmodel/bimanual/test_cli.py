@@ -42,4 +42,7 @@ def test_bad_inputs_fail_with_one_line(tmp_path, bundle_dir):
     assert r.returncode == 2 and "not an iteration root" in r.stderr
     r = cli("train", "--stage", "2", "--config", "data/configs/stage2_tfdcm.toml", "--dry-run",
             env={"BIMANUAL_BUNDLE": str(bundle_dir), "BIMANUAL_STAGE1_CHECKPOINT": str(tmp_path)})
-    assert r.returncode == 2 and "not implemented" in r.stderr
+    assert r.returncode == 2 and "not an iteration root" in r.stderr
+    r = cli("train", "--stage", "3", "--config", "data/configs/stage3_sfdmd.toml", "--dry-run",
+            env={"BIMANUAL_BUNDLE": str(bundle_dir), "BIMANUAL_STAGE2_CHECKPOINT": str(tmp_path)})
+    assert r.returncode == 2 and "stage 3 needs checkpoint.reference" in r.stderr

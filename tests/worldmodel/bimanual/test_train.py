@@ -54,13 +54,13 @@ def test_kit_configs_carry_reference_budgets(stage_cfg, bundle_dir):
     from wmrl.bimanual.config import load_stage_config
 
     expect = {"stage0_bidir.toml": 35_000, "stage1_tf.toml": 8_000, "stage2_tfdcm.toml": 4_000, "stage3_sfdmd.toml": 1_500}
+    over = [f"data.bundle={bundle_dir}", "checkpoint.load_path=x", "checkpoint.reference=x"]
     for name, iters in expect.items():
-        cfg = load_stage_config(ROOT / "data/configs" / name, overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"])
+        cfg = load_stage_config(ROOT / "data/configs" / name, overrides=over)
         assert cfg.trainer.max_iter == iters
-        assert load_stage_config(ROOT / "data/configs" / name, profile="tiny",
-                                 overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"]).trainer.max_iter == 12
-    with pytest.raises(TrainError, match="not implemented"):
-        resolve(load_stage_config(ROOT / "data/configs/stage2_tfdcm.toml", overrides=[f"data.bundle={bundle_dir}", "checkpoint.load_path=x"]))
+        assert load_stage_config(ROOT / "data/configs" / name, profile="tiny", overrides=over).trainer.max_iter == 12
+    with pytest.raises(TrainError, match="checkpoint.load_path=x: no such folder"):
+        resolve(load_stage_config(ROOT / "data/configs/stage2_tfdcm.toml", overrides=over))
     with pytest.raises(ConfigError, match="trainer.max_iter=0"):
         stage_cfg(0, "trainer.max_iter=0")
     with pytest.raises(ConfigError, match="unknown key"):
