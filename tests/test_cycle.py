@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from wmrl.config import get_config
-from wmrl.cycle import STAGES, CycleError, CycleJob, load_state, main, plan
+from wmrl.cycle import STAGES, CycleError, CycleJob, load_state, main, plan, stage_env
 from wmrl.preflight import GPUBusy
 from wmrl.procs import LockError, exclusive
 
@@ -227,6 +227,15 @@ def test_the_controller_needs_only_the_standard_library_and_takes_makes_runners(
     main(CycleJob(run=run, cfg=get_config("cycle_tiny"), profile="tiny", train_py=runner, wm_py=runner, report=False))
     assert "grpo" in called(calls)
 
+
+
+def test_a_run_outside_the_repository_is_mounted_whole_for_the_images(tmp_path, monkeypatch):
+    """RUNTIME=docker mounts the absolute paths among a stage's arguments; the world-model stages
+    name only RUN/cycles/cycle_N but read the demonstrations their manifest lists in RUN."""
+    monkeypatch.setenv("WMRL_DOCKER_MOUNTS", "/data:ro")
+    assert stage_env(job(tmp_path / "run"))["WMRL_DOCKER_MOUNTS"] == f"/data:ro,{tmp_path / 'run'}"
+    monkeypatch.delenv("WMRL_DOCKER_MOUNTS")
+    assert "WMRL_DOCKER_MOUNTS" not in stage_env(job(REPO / "runs" / "x"))  # the repository is mounted anyway
 
 def test_speedrun_dry_run_plans_every_stage_from_nothing_and_writes_nothing(tmp_path):
     run = tmp_path / "speedrun"

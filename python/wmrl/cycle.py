@@ -194,6 +194,13 @@ def stage_env(job: CycleJob) -> dict:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if job.gpus:
         env["CUDA_VISIBLE_DEVICES"] = job.gpus
+    # RUNTIME=docker mounts the repository and the absolute paths among a stage's arguments. The
+    # world-model stages name only RUN/cycles/cycle_N but read the files their manifest lists
+    # elsewhere in RUN (demonstrations, earlier cycles' data): a RUN outside the repository is
+    # mounted whole (the variable means nothing to RUNTIME=local).
+    run = job.run.resolve()
+    if REPO.resolve() not in (run, *run.parents):
+        env["WMRL_DOCKER_MOUNTS"] = ",".join(filter(None, [env.get("WMRL_DOCKER_MOUNTS"), str(run)]))
     return env
 
 

@@ -84,6 +84,22 @@ def test_container_options(tmp_path, monkeypatch):
     assert every["device_requests"][0]["Count"] == -1 and every["command"] == ["x"]
 
 
+
+def test_a_path_already_mounted_is_not_mounted_twice(tmp_path):
+    """The cycle mounts its whole RUN (WMRL_DOCKER_MOUNTS) while a stage's arguments name RUN or
+    a folder in it: one mount each, or the engine refuses the container (duplicate mount point)."""
+    run = tmp_path / "run"
+    (run / "cycles" / "cycle_1").mkdir(parents=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = image_spec("wm")
+    args = ("python/wm_update.py", "--run", str(run / "cycles" / "cycle_1"), "--report", str(run))
+    opts, _ = container_options(RunConfig(spec, args), {"GPUS": "none", "WMRL_DOCKER_MOUNTS": str(run)}, no_gpu)
+    assert [(m["Source"], m["Target"]) for m in opts["mounts"]] == [(str(ROOT.resolve()),) * 2, (str(run),) * 2]
+    ro, _ = container_options(RunConfig(spec, ("x", str(data / "a.hdf5"))), {"GPUS": "none", "WMRL_DOCKER_MOUNTS": f"{data}:ro"},
+                              no_gpu)
+    assert [(m["Target"], m["ReadOnly"]) for m in ro["mounts"][1:]] == [(str(data), True)]  # the explicit mount wins
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "wmrl.containers", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python"), **(env or {})})

@@ -172,14 +172,22 @@ def container_options(cfg: RunConfig, host_env: dict[str, str] | None = None,
     gpus = select_gpus(cfg.gpus, host_env, detect)
     env = stage_environment(host_env, gpus, repo)
     env.update(cfg.env)
-    mounts = [dt.Mount(str(repo), str(repo), type="bind")]
-    for folder in path_mounts(list(cfg.args), repo):
-        mounts.append(dt.Mount(str(folder), str(folder), type="bind"))
+    extra = []
     for m in cfg.mounts + tuple(x for x in host_env.get("WMRL_DOCKER_MOUNTS", "").split(",") if x):
         src, dst, ro = parse_mount(m)
         if not os.path.exists(src):
             raise ContainerError(f"mount {m}: {src} does not exist on this host")
-        mounts.append(dt.Mount(dst, src, type="bind", read_only=ro))
+        extra.append((src, dst, ro))
+    # A path among the arguments that an extra mount already shows at its own path needs no
+    # mount of its own (the engine refuses two mounts at one point).
+    covered = [Path(os.path.normpath(src)) for src, dst, ro in extra
+               if os.path.normpath(src) == os.path.normpath(dst) and not ro]
+    taken = {os.path.normpath(dst) for _, dst, _ in extra}
+    mounts = [dt.Mount(str(repo), str(repo), type="bind")]
+    for folder in path_mounts(list(cfg.args), repo):
+        if str(folder) not in taken and not any(_inside(folder, c) for c in covered):
+            mounts.append(dt.Mount(str(folder), str(folder), type="bind"))
+    mounts += [dt.Mount(dst, src, type="bind", read_only=ro) for src, dst, ro in extra]
     cwd = Path.cwd().resolve()
     workdir = cfg.workdir or (str(cwd) if _inside(cwd, repo) else str(repo))
     command = (["python"] if cfg.python else []) + list(cfg.args)
