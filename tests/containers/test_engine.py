@@ -123,7 +123,9 @@ def test_ctrl_c_stops_and_removes_the_container(docker_engine, test_images):
     assert proc.returncode == 130, err
     assert "interrupted: stopped and removed container" in err
     assert time.monotonic() - start < 15
-    left = docker_engine.containers.list(all=True, filters={"label": "org.wmrl.stage"})
+    # this driver's containers only (wmrl-<image>-<driver pid>-...): the cached engine may hold
+    # what an earlier, killed session left
+    left = docker_engine.containers.list(all=True, filters={"label": "org.wmrl.stage", "name": f"wmrl-wm-{proc.pid}-"})
     assert left == [], [c.name for c in left]
 
 
