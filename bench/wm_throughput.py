@@ -60,7 +60,6 @@ def _inputs(cfg, batch: int, device):
 
 
 def flops_per_sample(model, cfg, device) -> float:
-    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     b = _inputs(cfg, 2, device)

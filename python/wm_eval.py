@@ -45,7 +45,6 @@ def main(args) -> int:
         cli.print_plan("world-model fidelity", {"pair": args.pair, "manifest": args.manifest, "episodes": args.episodes,
                                                 "horizon": args.horizon, "out": args.pair / "fidelity.json"})
         return 0
-    import torch
     from wmrl.device import pick_device
     from wmrl.fileio import write_json
     from wmrl.release.pair import load_pair
