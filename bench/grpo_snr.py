@@ -86,19 +86,26 @@ def main() -> None:
         s = sde_sample(policy, prefix.expand(1024, -1, -1), k, noise_level)
         threshold = float(s.actions[:, :, 0].mean(1).median())
 
-    # 2. the same batches, every N: policy-gradient estimates at ratio 1
-    ns = [int(x) for x in args.transitions.split(",")]
-    grads: dict[int, list[torch.Tensor]] = {n: [] for n in ns}
-    t0 = time.perf_counter()
-    for _ in range(args.batches):
+    def batch():
+        """One batch of flow-SDE samples: normalised advantages (B,) and each transition's log p (B, K)."""
         with torch.no_grad():
             s = sde_sample(policy, prefix.expand(args.group, -1, -1), k, noise_level)
             r = (s.actions[:, :, 0].mean(1) > threshold).float()
             adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
         steps = chain_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain, noise_level, elementwise=True)
-        per_step = steps.sum(dim=(2, 3))  # (B, K)
+        return adv, steps.sum(dim=(2, 3))
+
+    def first(per_step, n):  # log p over the first n transitions (0: all K)
+        return per_step[:, :n].sum(1) if n else per_step.sum(1)
+
+    # 2. the same batches, every N: policy-gradient estimates at ratio 1
+    ns = [int(x) for x in args.transitions.split(",")]
+    grads: dict[int, list[torch.Tensor]] = {n: [] for n in ns}
+    t0 = time.perf_counter()
+    for _ in range(args.batches):
+        adv, per_step = batch()
         for n in ns:
-            lp = per_step[:, :n].sum(1) if n else per_step.sum(1)
+            lp = first(per_step, n)
             g = torch.autograd.grad((adv * lp).mean(), params, retain_graph=True, allow_unused=True)
             grads[n].append(torch.cat([(x if x is not None else torch.zeros_like(q)).flatten()
                                        for x, q in zip(g, params)]))
@@ -134,15 +141,9 @@ def main() -> None:
         opt = torch.optim.Adam(params, lr=args.lr)
         before = success(policy)
         for _ in range(args.train_steps):
-            with torch.no_grad():
-                s = sde_sample(policy, prefix.expand(args.group, -1, -1), k, noise_level)
-                r = (s.actions[:, :, 0].mean(1) > threshold).float()
-                adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
-            steps = chain_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain, noise_level, elementwise=True)
-            per_step = steps.sum(dim=(2, 3))
-            lp = per_step[:, :n].sum(1) if n else per_step.sum(1)
+            adv, per_step = batch()
             opt.zero_grad()
-            (-(adv * lp).mean()).backward()
+            (-(adv * first(per_step, n)).mean()).backward()
             opt.step()
         learning.append({"transitions": n or k, "success_before": round(before, 4),
                          "success_after": round(success(policy), 4)})

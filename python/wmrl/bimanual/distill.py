@@ -34,15 +34,13 @@ They make a resume exact without the parent roots; the export never reads them.
 
 from __future__ import annotations
 
-import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wmrl.bimanual.config import NON_ARCH_MODEL_KEYS, PARENT_STAGE, REFERENCE_STAGE, StageConfig
 from wmrl.bimanual.train import (Dist, StageState, TrainError, _torch_load, bind_root, build_model, describe_root,
-                                 load_regular_weights, make_scheduler, read_root, record_config, resolve, run_meta,
+                                 load_regular_weights, make_scheduler, read_root, resolve, run_meta, start_run,
                                  save_root)
 from wmrl.fileio import sha256_file
 
@@ -278,24 +276,16 @@ class DistillState(StageState):
 def init_distill(cfg: StageConfig) -> DistillState:
     """Stage 2/3's start: the plan checked, the config recorded, student, EMA, teacher (and
     critic) from their roots, or everything from this run's newest root."""
-    import numpy as np
     import torch
 
     from wmrl import rng
-    from wmrl.bimanual.bundle import Bundle
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
-    from wmrl.device import pick_device
     from wmrl.ema import EMA
 
     plan_ = resolve(cfg)
     stage, d = cfg.job.stage, cfg.distill
     dist = Dist(False)
-    resolved = record_config(cfg, dist)
-    device = pick_device(cfg.trainer.device, int(os.environ.get("LOCAL_RANK", "0")))
-    torch.manual_seed(cfg.trainer.seed)
-    np.random.seed(cfg.trainer.seed)
-    random.seed(cfg.trainer.seed)
-    bundle = Bundle(cfg.data.bundle)
+    resolved, device, bundle = start_run(cfg, dist)
     net = build_model(cfg, bundle)
     teacher = build_model(cfg, bundle).requires_grad_(False)
     critic = build_model(cfg, bundle) if stage == 3 else None

@@ -355,6 +355,20 @@ def record_config(cfg: StageConfig, dist: Dist) -> dict[str, Any]:
     return resolved
 
 
+def start_run(cfg: StageConfig, dist: Dist) -> tuple[dict, Any, Bundle]:
+    """What every stage does first: record (or check) the run's config, pick the device, seed
+    torch, numpy and random from ``trainer.seed``, open the bundle."""
+    import numpy as np
+    import torch
+
+    resolved = record_config(cfg, dist)
+    device = pick_device(cfg.trainer.device, int(os.environ.get("LOCAL_RANK", "0")))
+    torch.manual_seed(cfg.trainer.seed)
+    np.random.seed(cfg.trainer.seed)
+    random.seed(cfg.trainer.seed)
+    return resolved, device, Bundle(cfg.data.bundle)
+
+
 def run_meta(cfg: StageConfig, bundle: Bundle, resolved: dict, backend: str, dist: Dist, net) -> dict[str, Any]:
     """What every iteration root of a run records in checkpoint.json."""
     import torch
@@ -404,7 +418,6 @@ class StageState:
 def init_state(cfg: StageConfig) -> StageState:
     """The plan checked, the run's config recorded (or compared), the model built, and the
     newest root of this run resumed or the parent checkpoint loaded."""
-    import numpy as np
     import torch
 
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
@@ -416,13 +429,7 @@ def init_state(cfg: StageConfig) -> StageState:
     deepspeed = _init_deepspeed(cfg) if use_ds else None
     dist = Dist(use_ds)
     run_dir = cfg.run_dir
-    resolved = record_config(cfg, dist)
-    device = pick_device(cfg.trainer.device, int(os.environ.get("LOCAL_RANK", "0")))
-
-    torch.manual_seed(cfg.trainer.seed)
-    np.random.seed(cfg.trainer.seed)
-    random.seed(cfg.trainer.seed)
-    bundle = Bundle(cfg.data.bundle)
+    resolved, device, bundle = start_run(cfg, dist)
     net = build_model(cfg, bundle)
     loader = make_bimanual_local_dataloader(bundle, stage=cfg.job.stage, split="train",
                                             batch_size=cfg.data.batch_size, seed=cfg.data.seed)
