@@ -88,10 +88,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 def imagined_success(env, runner, trials: int) -> dict:
     """``trials`` closed-loop rollouts of ``runner`` (a ``PolicyRunner``) from every keyframe of
-    ``env`` (an ``ImaginedEnv``), all in one batch."""
+    ``env`` (an ``ImaginedEnv``) of its tasks, all in one batch."""
     from wmrl.rl.envs import Start
 
-    starts = [Start(0, i, env.keyframe_tasks[i], keyframe=i) for i in range(len(env.keyframe_names))]
+    starts = [Start(0, i, t, keyframe=i) for i, t in enumerate(env.keyframe_tasks) if t in env.tasks]
     task_of = [s.task for s in starts for _ in range(trials)]
     chunk = env.chunk_size
 
@@ -165,7 +165,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     imag_s = sum(r["imagined"]["seconds"] for r in rows)
     real_s = sum(r["real"]["seconds"] for r in rows)
     return {"pair": str(pair), "manifest": str(manifest), "keyframes": {"origin": keyframes.origin,
-            "count": len(env.keyframe_names), "episodes": keyframes.info["episodes"]},
+            "count": sum(t in env.tasks for t in env.keyframe_tasks), "episodes": keyframes.info["episodes"]},
             "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
             "policies": rows, "spearman": None if rho is None else round(rho, 4),
             "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),
