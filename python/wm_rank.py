@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import ConfigError, get_profile, parse_tasks
+from wmrl.config import ConfigError, default_workers, get_profile, parse_tasks
 from wmrl.layout import RunLayout
 
 
@@ -71,7 +71,7 @@ def main(args) -> int:
 
     result = rank_policies(args.specs, pair=args.pair, manifest=args.manifest, sim=args.sim, tasks=args.tasks,
                            trials=args.trials, real_trials=args.real_trials, keyframes_per_task=args.keyframes_per_task,
-                           max_chunk=args.max_chunk, seed=args.seed or 0, workers=args.workers or _cores(),
+                           max_chunk=args.max_chunk, seed=args.seed or 0, workers=args.workers or default_workers(),
                            out_dir=args.out / "ranking", device=args.device, bf16=not args.no_bf16,
                            progress=not args.no_progress)
     write_json(args.out / "ranking.json", result)
@@ -79,12 +79,6 @@ def main(args) -> int:
     print(json.dumps({"spearman": result["spearman"], "cost": result["cost"]}, indent=1))
     print(f"[wm-rank] {args.out / 'ranking.json'}" + (f", {png}" if png else ""))
     return 0
-
-
-def _cores() -> int:
-    from wmrl.config import default_workers
-
-    return default_workers()
 
 
 if __name__ == "__main__":
