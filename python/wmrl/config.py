@@ -445,6 +445,7 @@ class BundleConfig:
 
 
 GRPO_ENVS = ("sim", "wm")
+GRPO_TRAINABLE = ("expert", "all")
 
 
 @dataclass(frozen=True)
@@ -475,6 +476,13 @@ class GRPOConfig:
     lr_min: float = 1e-7
     lr_max: float = 1e-4
     weight_decay: float = 0.0
+    # What GRPO trains: "expert" = the action expert (everything that turns the prefix tokens and
+    # the noisy chunk into a velocity); the image, language and proprio encoders stay as the
+    # supervised policy left them. RLinf's pi0 GRPO on LIBERO does the same (train_expert_only):
+    # a noisy policy gradient then cannot wear away the visual features. "all": every parameter.
+    trainable: str = "expert"
+    adam_betas: tuple[float, float] = (0.9, 0.95)  # RLinf's embodied GRPO (a shorter second-moment memory)
+    adam_eps: float = 1e-5  # damps the steps of weights whose gradient is near zero (Adam's 1e-8 does not)
     grad_clip: float = 1.0
     clip_low: float = 0.2  # PPO ratio clip: [1 - clip_low, 1 + clip_high] (RLinf's 0.2 / 0.28)
     clip_high: float = 0.28
@@ -522,6 +530,11 @@ class GRPOConfig:
             raise ConfigError("grpo: noise_level and temperature must be > 0 (the ODE has no log-probability)")
         if not 0 < self.lr < 1 or self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("grpo: 0 < lr < 1, weight_decay >= 0, grad_clip >= 0 (0: off)")
+        if self.trainable not in GRPO_TRAINABLE:
+            raise ConfigError(f"grpo.trainable={self.trainable!r}: choose expert (the action expert only) or all")
+        if not all(0 <= b < 1 for b in self.adam_betas) or len(self.adam_betas) != 2 or self.adam_eps <= 0:
+            raise ConfigError(f"grpo: adam_betas={self.adam_betas} must be two numbers in [0, 1) and "
+                              f"adam_eps={self.adam_eps} > 0")
         if not 0 < self.clip_low < 1 or self.clip_high <= 0:
             raise ConfigError(f"grpo: clip_low={self.clip_low} must be in (0, 1) and clip_high={self.clip_high} > 0")
         if self.desired_kl < 0 or not 0 < self.lr_min <= self.lr_max < 1 or \

@@ -107,6 +107,28 @@ def test_one_update_changes_the_parameters_and_lowers_the_surrogate(sft_run):
     assert surrogate() < s0
 
 
+def test_expert_only_training_leaves_the_encoder_as_it_was(sft_run):
+    """trainable="expert": the optimizer holds the action expert's parameters only; an update
+    changes them, lowers the surrogate, and leaves every encoder weight bit-identical."""
+    from wmrl.config import override
+
+    model, loaded, batch = _policy_and_batch(sft_run)
+    cfg = override(TINY.grpo, minibatches=1, lr=1e-3, trainable="expert")
+    opt = grpo.make_optimizer(model, cfg)
+    expert = {id(p) for p in model.expert_parameters()}
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == expert
+    assert 0 < len(expert) < len(list(model.parameters()))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    norm, adv = loaded.norm.tensors(), torch.tensor([1.5, -0.5, 1.0, -1.0, 0.5, -1.5])
+    st = grpo.update(model, opt, batch, adv, cfg, norm=norm, lang=loaded.lang,
+                     autocast=torch.autocast("cpu", enabled=False), step=1)
+    assert st["optimizer_steps"] == 1
+    changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    assert changed and all(n.split(".")[0] not in model.ENCODER_PARTS for n in changed), changed
+    with pytest.raises(Exception, match="trainable"):
+        override(TINY.grpo, trainable="vision")
+
+
 def test_identical_rewards_in_every_group_give_a_zero_update(sft_run):
     model, loaded, batch = _policy_and_batch(sft_run)
     before = {k: v.clone() for k, v in model.state_dict().items()}

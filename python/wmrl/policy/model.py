@@ -168,9 +168,16 @@ class FlowPolicy(Pretrained, nn.Module):
         nn.init.zeros_(self.out_mod.bias)
         self.action_out = nn.Linear(w, cfg.action_dim)
 
+    # The modules that make the prefix tokens (run once per observation); the rest is the action expert.
+    ENCODER_PARTS = ("main_enc", "wrist_enc", "lang_proj", "proprio_proj", "type_emb", "encoder", "prefix_norm")
+
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        """The action expert's parameters: everything outside ``ENCODER_PARTS``."""
+        return [p for n, p in self.named_parameters() if n.split(".")[0] not in self.ENCODER_PARTS]
 
     def encode(self, main: torch.Tensor, wrist: torch.Tensor, lang: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Prefix tokens (B, 2 grid^2 + 2, width). Images float (B, 3, H, W) in [-1, 1];

@@ -325,6 +325,20 @@ def adapt_lr(opt, kl: float, cfg: GRPOConfig) -> float:
     return lr
 
 
+def make_optimizer(model, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW over what ``cfg.trainable`` names; with "expert" the encoder is frozen
+    (``requires_grad`` off), so the update builds no graph through it."""
+    if cfg.trainable == "expert":
+        model.requires_grad_(False)
+        params = model.expert_parameters()
+        for p in params:
+            p.requires_grad_(True)
+    else:
+        params = list(model.parameters())
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas),
+                             eps=cfg.adam_eps)
+
+
 # =========================================================================== one step
 @dataclass
 class Learner:
@@ -421,7 +435,7 @@ def main(job: GRPOJob) -> dict:
                           f"{job.sim.chunk_size}: use a profile of the same chunk size")
     model = loaded.build_model(device)
     norm, lang, image_size = loaded.norm.tensors(device), loaded.lang, loaded.image_size
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    opt = make_optimizer(model, cfg)
     if kind == "resume":
         st = loaded.train_state
         if st.get("kind") != "grpo":
