@@ -8,6 +8,7 @@ where it is missing the figure is skipped with a message, never the run.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -81,9 +82,10 @@ def success_by_task(summary: dict, out: str | os.PathLike, title: str = "") -> P
 
 def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
                 evaluations: list[tuple[int, float, int]] | None = None) -> Path | None:
-    """GRPO at a glance: rollout success and the real-simulator success per evaluated step
-    (``evaluations``: (step, success rate, trials)), clip fraction and approximate KL, time
-    per step; from ``grpo.jsonl``."""
+    """GRPO at a glance, from ``grpo.jsonl``: rollout success and the real-simulator success per
+    evaluated step (``evaluations``: (step, success rate, trials), with the binomial standard
+    error); the KL each step caused beside the adaptive lr it set; clip fraction and skipped
+    groups; time per step."""
     from wmrl.logs import read_log
 
     recs = [r for r in read_log(log_jsonl) if "rollout_success" in r]
@@ -92,40 +94,53 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
     plt = _pyplot()
     if plt is None:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    from matplotlib.ticker import FormatStrFormatter
+
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
     steps = [r["step"] for r in recs]
+    for r in recs:
+        r["skipped_share"] = r.get("skipped_groups", 0) / max(1, r.get("groups", 1))
+
     ax = axes[0]
     if recs:
         ax.plot(steps, [100 * r["rollout_success"] for r in recs], "-", alpha=0.6, label="rollouts (training env)")
     if evaluations:
         ev = sorted(evaluations)
-        ax.plot([e[0] for e in ev], [100 * e[1] for e in ev], "o-", color="tab:red", label="real simulator, fixed states")
+        se = [100 * math.sqrt(max(rate * (1 - rate), 1e-12) / max(n, 1)) for _, rate, n in ev]
+        ax.errorbar([e[0] for e in ev], [100 * e[1] for e in ev], yerr=se, fmt="o-", color="tab:red", capsize=3,
+                    label="real simulator, fixed states")
         for s, rate, n in ev:
-            ax.annotate(f"{100 * rate:.1f}% ({n})", (s, 100 * rate), fontsize=7, textcoords="offset points", xytext=(0, 5))
-    ax.set_xlabel("GRPO step")
+            ax.annotate(f"{100 * rate:.1f}% ({n})", (s, 100 * rate), fontsize=7, textcoords="offset points", xytext=(3, 6))
     ax.set_ylabel("success (%)")
     ax.set_ylim(0, 105)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    series = (("clip_fraction", "clip fraction"), ("approx_kl_final", "KL after the step"),
-              ("skipped_share", "groups skipped"))
-    for r in recs:
-        r["skipped_share"] = r.get("skipped_groups", 0) / max(1, r.get("groups", 1))
-    for ax, lines, ylabel in ((axes[1], series, None),
-                              (axes[2], (("rollout_s", "rollouts"), ("update_s", "update")), "seconds")):
+    ax.set_title("success", fontsize=9)
+
+    ax = axes[1]  # how far each step moved the policy, and the lr that the KL sets next
+    if recs:
+        ax.plot(steps, [r.get("approx_kl_final", 0.0) for r in recs], color="tab:orange", label="KL after the step")
+    ax.set_ylabel("approx. KL per element")
+    ax.set_title("step size", fontsize=9)
+    if any("lr" in r for r in recs):
+        lr_ax = ax.twinx()
+        lr_ax.plot(steps, [r.get("lr", float("nan")) for r in recs], ":", color="black", label="lr (right)")
+        lr_ax.set_ylim(bottom=0)
+        lr_ax.yaxis.set_major_formatter(FormatStrFormatter("%.1e"))
+        lr_ax.tick_params(labelsize=7)
+        lr_ax.legend(fontsize=7, loc="upper right")
+
+    for ax, lines, title in ((axes[2], (("clip_fraction", "clip fraction"), ("skipped_share", "groups skipped")),
+                              "signal"),
+                             (axes[3], (("rollout_s", "rollouts"), ("update_s", "update")), "seconds per step")):
         for key, label in lines:
             if recs:
                 ax.plot(steps, [r.get(key, 0.0) for r in recs], label=label)
+        ax.set_title(title, fontsize=9)
+    for ax in axes:
         ax.set_xlabel("GRPO step")
-        if ylabel:
-            ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    if any("lr" in r for r in recs):  # the adaptive step size beside the KL that sets it
-        lr_ax = axes[1].twinx()
-        lr_ax.plot(steps, [r.get("lr", float("nan")) for r in recs], ":", color="black", label="lr (right)")
-        lr_ax.set_yscale("log")
-        lr_ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
     return _save(fig, plt, Path(out))
 
 

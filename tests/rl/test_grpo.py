@@ -340,3 +340,28 @@ def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair)
     assert all(1 <= o["chunks"] <= 2 and o["steps"] <= 16 for o in outcomes)
     log = json.loads((run_with_pair / "logs/grpo.jsonl").read_text().splitlines()[0])
     assert log["env_steps"] == sum(o["steps"] for o in outcomes) and log["chunks"] == sum(o["chunks"] for o in outcomes)
+
+
+def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
+    """The success curve starts at step 0 even when GRPO ran with --no-eval-first: the
+    supervised checkpoint's evaluation in its own run counts if the weights (SHA-256) and the
+    sampler are the same, and only then."""
+    from wmrl.layout import RunLayout
+
+    sft = RunLayout(tmp_path / "sft_run")
+    ev = sft.evidence(4000, "sft")
+    ev.parent.mkdir(parents=True)
+    step0 = tmp_path / "grpo_run" / "global_step_0"
+    step0.mkdir(parents=True)
+
+    def write(sha_in_evidence, sampler):
+        ev.write_text(json.dumps({"settings": {"checkpoint": {"model_sha256": sha_in_evidence}, "sampler": sampler},
+                                  "summary": {"success_rate": 0.46, "trials": 500}}))
+        (step0 / "config.json").write_text(json.dumps({"origin": {
+            "sft_checkpoint": str(sft.checkpoint(4000, "sft")), "sft_model_sha256": "abc"}}))
+
+    write("abc", "sde")
+    assert grpo.origin_evidence(step0, "sde") == ev
+    assert grpo.origin_evidence(step0, "ode") is None  # another sampler: not the same measurement
+    write("def", "sde")
+    assert grpo.origin_evidence(step0, "sde") is None  # other weights

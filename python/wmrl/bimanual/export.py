@@ -446,6 +446,7 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
     from wmrl.bimanual.loader import write_video
     from wmrl.bimanual.model import psnr
     from wmrl.device import pick_device
+    from wmrl.worldmodel.fidelity import ssim
 
     dev = str(pick_device(device))
     s = load_student(student_dir, dev)
@@ -470,6 +471,8 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
             q = {"seconds": round(secs_, 4), "frames_per_s": made / max(secs_, 1e-9)}
             if k > context_frames:  # real frames to compare with
                 q["psnr_db"] = float(psnr(x[None, context_frames:k], real[None, context_frames:k]).mean())
+                if min(x.shape[-2:]) >= 11:  # SSIM's 11-pixel window must fit
+                    q["ssim"] = float(ssim(x[context_frames:k].float(), real[context_frames:k].float()).mean())
             return q
 
         rec = {"name": clip.name, "frames": int(gen.shape[0]), "context_frames": context_frames, "real_frames": k,
@@ -491,5 +494,21 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
             np.savez_compressed(tmp, **arrays)
         rec["arrays"] = str(video.with_suffix(".npz"))
         report["clips"].append(rec)
+    report["summary"] = summarize(report["clips"])
     write_json(out.with_suffix(".json") if single else out / "generate.json", report)
     return report
+
+
+def summarize(clips: list[dict]) -> dict[str, Any]:
+    """Means over the clips per model (PSNR, SSIM, frames/s) and the student's speed-up over
+    the teacher: the two figures distillation is for."""
+    out: dict[str, Any] = {"clips": len(clips)}
+    for who in ("student", "teacher"):
+        rows = [c[who] for c in clips if who in c]
+        for key in ("psnr_db", "ssim", "frames_per_s"):
+            vals = [r[key] for r in rows if key in r]
+            if vals:
+                out[f"{who}_{key}"] = round(float(np.mean(vals)), 4)
+    if out.get("teacher_frames_per_s"):
+        out["speedup"] = round(out["student_frames_per_s"] / out["teacher_frames_per_s"], 2)
+    return out

@@ -522,6 +522,28 @@ def main(job: GRPOJob) -> dict:
     return {"step": step, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
 
 
+def origin_evidence(step0: Path, sampler: str) -> Path | None:
+    """GRPO step 0 is a copy of a supervised checkpoint; the evaluation of that checkpoint in
+    the run that trained it (same weights by SHA-256, same sampler), if there is one."""
+    import json
+
+    from wmrl.layout import parse_step_name
+
+    origin = json.loads((step0 / "config.json").read_text()).get("origin") or {}
+    src = Path(origin.get("sft_checkpoint", ""))
+    step = parse_step_name(src.name)
+    if step is None or len(src.parents) < 3:
+        return None
+    ev = RunLayout(src.parents[2]).evidence(step, "sft")
+    try:
+        settings = json.loads(ev.read_text())["settings"]
+    except (OSError, ValueError, KeyError):
+        return None
+    same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
+        settings.get("sampler") == sampler
+    return ev if same else None
+
+
 def _cores() -> int:
     from wmrl.config import default_workers
 
@@ -583,6 +605,8 @@ class Evaluator:
         out = []
         for c in ck.list_checkpoints(self.job.run, "policy"):
             ev = RunLayout(self.job.run).evidence(c.step)
+            if not ev.exists() and c.step == 0:  # evaluated in the run that trained it, with the same sampler
+                ev = origin_evidence(c.path, self.job.cfg.eval_sampler) or ev
             if ev.exists():
                 s = json.loads(ev.read_text())["summary"]
                 out.append((c.step, s["success_rate"], s["trials"]))

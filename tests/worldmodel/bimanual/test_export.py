@@ -113,6 +113,10 @@ def test_exported_student_reloads_in_a_fresh_process_and_generates_the_same_fram
     c = rep["clips"][0]
     assert c["panels"] == ["real", "student", "teacher"] and Path(c["video"]).stat().st_size > 0
     assert np.isfinite(c["student"]["psnr_db"]) and c["student"]["frames_per_s"] > 0 and c["teacher"]["frames_per_s"] > 0
+    assert -1 <= c["student"]["ssim"] <= 1 and -1 <= c["teacher"]["ssim"] <= 1
+    summ = rep["summary"]
+    assert summ["clips"] == 1 and summ["student_psnr_db"] == pytest.approx(c["student"]["psnr_db"], abs=1e-3)
+    assert summ["speedup"] == pytest.approx(c["student"]["frames_per_s"] / c["teacher"]["frames_per_s"], rel=0.01)
 
 
 def test_batch_generation_from_a_bundle_and_a_clip_file(exported, bundle_dir, tmp_path):
