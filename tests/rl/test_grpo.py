@@ -365,3 +365,19 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     assert grpo.origin_evidence(step0, "ode") is None  # another sampler: not the same measurement
     write("def", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # other weights
+
+
+def test_the_task_window_slides_by_one_task_per_step():
+    """Every task comes `groups` times in any ten consecutive steps (no task favoured), and
+    consecutive steps share all tasks but one (the workers' cached envs stay useful)."""
+    from collections import Counter
+
+    from wmrl.rl.envs import group_tasks
+
+    tasks = tuple(range(10))
+    for groups in (1, 4, 8, 12):
+        for first in (0, 3, 17):
+            count = Counter(t for s in range(first, first + 10) for t in group_tasks(tasks, s, groups))
+            assert set(count.values()) == {groups} and len(count) == 10
+    for s in range(20):
+        assert len(set(group_tasks(tasks, s, 4)) & set(group_tasks(tasks, s + 1, 4))) == 3

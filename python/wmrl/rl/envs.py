@@ -63,6 +63,7 @@ class Outcome:
     chunks: int  # chunks acted
     steps: int  # simulator (or imagined) steps
     start: str  # "train" (a seeded random placement) or "keyframe:<episode>:<chunk>"; never an evaluation state
+    env_built: bool = False  # SimEnv: its worker built the task's env first (a cost of the task schedule)
 
 
 class RolloutEnv(Protocol):
@@ -86,8 +87,13 @@ def derived_seed(*parts: int) -> int:
 
 
 def group_tasks(tasks: tuple[int, ...], step: int, groups: int) -> list[int]:
-    """Tasks of this step's groups: consecutive steps walk through ``tasks`` in turn."""
-    return [tasks[(step * groups + g) % len(tasks)] for g in range(groups)]
+    """Tasks of this step's groups: a window of ``groups`` tasks that slides by one task per
+    step, so every task comes ``groups`` times in any ``len(tasks)`` consecutive steps, and
+    consecutive steps share all tasks but one. The simulator's workers keep an env for their
+    most recent tasks (building one costs ~10 s, a reset ~30 ms); windows that jumped by
+    ``groups`` tasks shared none and made nearly every worker build every step
+    (bench/grpo_rollouts.py)."""
+    return [tasks[(step + g) % len(tasks)] for g in range(groups)]
 
 
 # ------------------------------------------------------------------------------ real simulator
@@ -132,7 +138,7 @@ class SimEnv:
         out = []
         for r in self.pool.run(FixedEpisodes(specs), Adapter()):
             out.append(Outcome(r.spec.tag, group_of[r.spec.tag], bool(r.success), -(-r.steps // chunk), r.steps,
-                               r.spec.mode))
+                               r.spec.mode, r.env_built))
         return sorted(out, key=lambda o: o.rollout)
 
     def settings(self) -> dict:

@@ -392,7 +392,8 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tens
     env_steps = sum(o.steps for o in outcomes)
     rec = {"step": step, "rollout_success": float(rewards.mean()), "mean_reward": float(rewards.mean()),
            "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes), "chunks": buf.chunks,
-           "env_steps": env_steps, "rollout_s": round(rollout_s, 2), "update_s": round(update_s, 2),
+           "env_steps": env_steps, "env_builds": sum(o.env_built for o in outcomes),
+           "rollout_s": round(rollout_s, 2), "update_s": round(update_s, 2),
            "env_steps_per_s": round(env_steps / max(rollout_s, 1e-9), 1),
            "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
            "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}

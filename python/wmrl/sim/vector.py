@@ -56,6 +56,7 @@ class EpisodeResult:
     wall_s: float
     worker: int
     trajectory: Trajectory | None = None
+    env_built: bool = False  # the worker had to build this task's env first (~10 s: its cache held other tasks)
 
 
 class EpisodeSource(Protocol):
@@ -110,12 +111,14 @@ class _Worker:
         # Policies only ever see chunk-boundary frames; the extra ones are training data.
         self.frame_interval = frame_interval if record else 0
         self.env = None
+        self.built = False
         self.policy = None
 
     def _env_for(self, task_index: int):
         from wmrl.sim.env import SpatialEnv
 
         env = self.envs.pop(task_index, None)
+        self.built = env is None
         if env is None:
             while len(self.envs) >= self.max_envs:
                 self.envs.pop(next(iter(self.envs))).close()
@@ -188,7 +191,7 @@ class _Worker:
                 "chunk_size": self.cfg.chunk_size, "image_size": self.cfg.image_size,
                 "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
             })
-        return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj)
+        return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj, self.built)
 
     def run_episode(self, spec: EpisodeSpec) -> EpisodeResult:
         self.start(spec)
