@@ -3,6 +3,7 @@ and the Makefile's RUNTIME plumbing (make -n)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -60,6 +61,22 @@ def test_absolute_paths_outside_the_repository_are_mounted(tmp_path):
     assert path_mounts(args, ROOT) == [tmp_path]  # the data folder and the new output share tmp_path
     assert path_mounts([str(data / "a.hdf5")], ROOT) == [data]
     assert parse_mount("/a:/b:ro") == ("/a", "/b", True) and parse_mount("/a") == ("/a", "/a", False)
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    assert path_mounts(["--run", "../elsewhere", "400"], ROOT, cwd=ROOT / "python") == []  # resolves inside ROOT
+    assert path_mounts(["--run", os.path.relpath(out, ROOT)], ROOT, cwd=ROOT) == [out]  # relative, outside
+
+
+def test_the_data_a_manifest_lists_is_mounted_with_it(tmp_path):
+    """wm-update names only RUN; its manifest lists demonstrations that may live anywhere."""
+    run, demos, other = tmp_path / "runs" / "a", tmp_path / "demos", tmp_path / "data2"
+    for d in (run, demos, other):
+        d.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"format": "wmrl-manifest/1", "files": [
+        {"path": "../../demos/task_00.hdf5"}, {"path": str(other / "x.hdf5")}, {"path": "collect/task_00.hdf5"}]}))
+    assert sorted(path_mounts(["--run", str(run)], ROOT)) == sorted([run, demos, other])
+    (run / "manifest.json").write_text("{broken")
+    assert path_mounts(["--run", str(run)], ROOT) == [run]
     with pytest.raises(ContainerError):
         parse_mount("rel:/b")
 

@@ -118,23 +118,48 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
-def path_mounts(args: list[str], repo: Path) -> list[Path]:
-    """Folders to mount so that absolute paths among ``args`` outside ``repo`` exist inside."""
-    found: list[Path] = []
+def path_mounts(args: list[str], repo: Path, cwd: Path | None = None) -> list[Path]:
+    """Folders to mount so that what ``args`` name outside ``repo`` exists inside the container:
+    absolute paths, paths relative to ``cwd`` when the caller works inside the repository (the
+    container starts there too), and the data files that a manifest among them lists (a
+    ``wmrl-manifest`` file, or a run folder holding ``manifest.json``), which may live anywhere."""
+    cwd = (cwd or Path.cwd()).resolve()
+    relative_ok = _inside(cwd, repo)
+    named: list[Path] = []
     for a in args:
-        candidates = [a] + ([a.split("=", 1)[1]] if a.startswith("-") and "=" in a else [])
-        for c in candidates:
-            if not c.startswith("/"):
-                continue
-            p = Path(os.path.normpath(c))
-            q = p if p.is_dir() else p.parent
-            while not q.exists():
-                q = q.parent
-            if q == Path("/") or any(_inside(q, Path(s)) for s in SYSTEM_DIRS) or _inside(q, repo):
-                continue
-            found.append(q)
-    found = sorted(set(found), key=lambda x: len(x.parts))
+        for c in [a] + ([a.split("=", 1)[1]] if a.startswith("-") and "=" in a else []):
+            if c.startswith("/"):
+                named.append(Path(os.path.normpath(c)))
+            elif relative_ok and not c.startswith("-") and ("/" in c or (cwd / c).exists()):
+                named.append(Path(os.path.normpath(cwd / c)))
+    named += [f for p in named for f in manifest_files(p)]
+    found: list[Path] = []
+    for p in named:
+        q = p if p.is_dir() else p.parent
+        while not q.exists():
+            q = q.parent
+        if q == Path("/") or any(_inside(q, Path(s)) for s in SYSTEM_DIRS) or _inside(q, repo):
+            continue
+        found.append(q)
+    found = sorted(set(found), key=lambda x: (len(x.parts), str(x)))
     return [f for i, f in enumerate(found) if not any(_inside(f, g) for g in found[:i])]
+
+
+def manifest_files(path: Path) -> list[Path]:
+    """The data files a world-model manifest lists (paths relative to the manifest's folder),
+    if ``path`` is one or a folder holding ``manifest.json``; else none."""
+    import json
+
+    m = path / "manifest.json" if path.is_dir() else path
+    if m.suffix != ".json" or not m.is_file():
+        return []
+    try:
+        doc = json.loads(m.read_text())
+        if not str(doc.get("format", "")).startswith("wmrl-manifest"):
+            return []
+        return [Path(os.path.normpath(m.parent / f["path"])) for f in doc.get("files", [])]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return []  # not ours to judge here: the stage itself reports a broken manifest
 
 
 def parse_mount(text: str) -> tuple[str, str, bool]:
