@@ -9,7 +9,7 @@ returns only a few files).
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...
-                               DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 FINAL_TRIALS=20
+                               DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
@@ -163,7 +163,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                           ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
                           ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
                           ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
-                          ("--epochs", "EPOCHS")):
+                          ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE")):
             if key in v:
                 args += [flag, v[key]]
         procs.append(stage(f"grpo{v.get('TAG', '')}_seed{s}", "grpo.py", args, env, background=True,
