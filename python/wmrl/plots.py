@@ -122,8 +122,9 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
     ax.set_title("step size", fontsize=9)
     if any("lr" in r for r in recs):
         lr_ax = ax.twinx()
-        lr_ax.plot(steps, [r.get("lr", float("nan")) for r in recs], ":", color="black", label="lr (right)")
-        lr_ax.set_ylim(bottom=0)
+        lrs = [r.get("lr", float("nan")) for r in recs]
+        lr_ax.plot(steps, lrs, ":", color="black", label="lr (right)")
+        lr_ax.set_ylim(0, 1.3 * max((x for x in lrs if x == x), default=1.0))  # room above for the legends
         lr_ax.yaxis.set_major_formatter(FormatStrFormatter("%.1e"))
         lr_ax.tick_params(labelsize=7)
         lr_ax.legend(fontsize=7, loc="upper right")
