@@ -94,6 +94,7 @@ lock:
 # control; every stage resumable.
 DEMO_RUN ?= runs/demo
 SPEEDRUN_RUN = $(if $(filter command line,$(origin RUN)),$(RUN),runs/speedrun)
+SPEEDRUN_PROFILE = $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),speedrun)
 demo: setup
 	$(MAKE) --no-print-directory demos PROFILE=tiny RUN=$(DEMO_RUN)
 	$(MAKE) --no-print-directory validate DATA=$(DEMO_RUN)/demos
@@ -144,12 +145,13 @@ grpo: setup
 # MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
 # One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
 # pair; GRPO's first and last steps are the 10 x 50 evaluations before and after) -> report. Every
-# stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun; the command
-# line's variables (WORKERS, GPUS, SEED, STEPS, GRPO_STEPS, DRY_RUN ...) reach every stage.
+# stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun and PROFILE to
+# speedrun (the default models, shorter stages: python/wmrl/config.py); the command line's
+# variables (WORKERS, GPUS, SEED, STEPS, GRPO_STEPS, DRY_RUN ...) reach every stage.
 speedrun: setup
-	$(MAKE) --no-print-directory demos RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE)
-	$(MAKE) --no-print-directory sft RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE)
-	$(MAKE) --no-print-directory cycle RUN=$(SPEEDRUN_RUN) PROFILE=$(PROFILE) CYCLES=1
+	$(MAKE) --no-print-directory demos RUN=$(SPEEDRUN_RUN) PROFILE=$(SPEEDRUN_PROFILE)
+	$(MAKE) --no-print-directory sft RUN=$(SPEEDRUN_RUN) PROFILE=$(SPEEDRUN_PROFILE)
+	$(MAKE) --no-print-directory cycle RUN=$(SPEEDRUN_RUN) PROFILE=$(SPEEDRUN_PROFILE) CYCLES=1
 
 # The controller needs only the standard library: it runs on the host (python3) in both runtimes
 # and starts each stage with $(TRAIN_PY) / $(WM_PY).

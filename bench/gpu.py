@@ -17,6 +17,8 @@ returns only a few files).
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
+    python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=...]   (make speedrun's stages;
+                               carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
                                (ITERS2: Stages 2-3, export, student vs teacher quality and frames/s)
     python3 bench/gpu.py grpo GRPO_RUN=runs/h200/grpo_b TAG=_b WORKERS_PER_RUN=8 ... BACKGROUND=1
@@ -24,7 +26,8 @@ returns only a few files).
     python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
                                                   # machine's calls last at most 10 minutes)
     python3 bench/gpu.py wait SECONDS=540         # follow background phases; returns when they end or time is up
-    SKIP_PREPARE=1 PYTHON=.venv/train/bin/python python3 bench/gpu.py learn PROFILE=tiny ...   # the same on a CPU
+    SKIP_PREPARE=1 PYTHON=.venv/train/bin/python WM_PYTHON=.venv/wm/bin/python python3 bench/gpu.py learn PROFILE=tiny ...
+                                                  # the same on a CPU
 
 A phase that stops at a call's end is continued by running it again: every stage resumes.
 """
@@ -47,6 +50,7 @@ from wmrl.layout import RunLayout  # noqa: E402  (standard library only: fine be
 PROFILE = "default"
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
 PY = os.environ.get("PYTHON", sys.executable)  # the interpreter of the stages
+WM_PY = os.environ.get("WM_PYTHON", PY)  # the world-model side's (one Python on the lent machine; two venvs on a CPU)
 
 
 def variables(argv: list[str]) -> dict[str, str]:
@@ -217,6 +221,21 @@ def phase_sim(v: dict, env: dict) -> None:
     pack(Path(run), "sim")
 
 
+def phase_speedrun(v: dict, env: dict) -> None:
+    """``make speedrun``'s stages with this machine's Python (PROFILE=speedrun unless given):
+    demonstrations -> SFT -> one cycle (collect, both world models, reward, pair, GRPO in the
+    pair between the 10 x 50 evaluations before and after). Stage times in times.jsonl, the
+    cycle's own in RUN/cycle.json and RUN/report.html."""
+    run, w = v.get("RUN", "runs/speedrun"), v.get("WORKERS", str(os.cpu_count()))
+    demos = RunLayout(run).demos
+    if stage("demos", "collect_demos.py", ["--workers", w, "--out", demos, "--no-progress"], env) or \
+            stage("sft", "sft.py", ["--run", run, "--data", demos, "--no-progress", "--no-tensorboard"], env):
+        sys.exit(1)
+    stage("cycle", "cycle.py", ["--run", run, "--cycles", "1", "--workers", w, "--train-py", PY, "--wm-py", WM_PY,
+                                *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])], env)
+    pack(Path(run), "speedrun")
+
+
 def phase_bimanual(v: dict, env: dict) -> None:
     run, bundle = v.get("RUN", "runs/h200"), v.get("BUNDLE", ".offline/aloha_bundle")
     i0, i1 = v.get("ITERS0", "2000"), v.get("ITERS1", "1000")
@@ -251,7 +270,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 
 PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
-          "sim": phase_sim,
+          "sim": phase_sim, "speedrun": phase_speedrun,
           "bimanual": phase_bimanual}
 
 
@@ -280,7 +299,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"usage: python3 bench/gpu.py {{{'|'.join(PHASES)}|wait}}[+PHASE...] NAME=VALUE ...")
     global PROFILE
     phase, v = argv[0], variables(argv[1:])
-    PROFILE = v.get("PROFILE", "default")
+    PROFILE = v.get("PROFILE", "speedrun" if phase == "speedrun" else "default")
     if phase == "wait":
         return wait(v)
     OUT.mkdir(parents=True, exist_ok=True)

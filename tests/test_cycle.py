@@ -246,3 +246,17 @@ def test_speedrun_dry_run_plans_every_stage_from_nothing_and_writes_nothing(tmp_
                  "[cycle 1] collect", "--ckpt sft/N", "[cycle 1] grpo", "[cycle 1] evaluate"):
         assert line in r.stdout, line
     assert not run.exists()
+
+
+def test_speedrun_takes_its_own_profile_unless_told():
+    """`make speedrun` plans every stage with the speedrun profile (the default models, shorter
+    stages); PROFILE=... on the command line still wins (the test above uses tiny)."""
+    from wmrl.config import get_profile
+
+    r = subprocess.run(["make", "--no-print-directory", "-n", "speedrun", "RUN=/nonexistent/speedrun"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("PROFILE=speedrun") == 3 and "PROFILE=default" not in r.stdout
+    fast, full = get_profile("speedrun"), get_profile("default")
+    assert fast.policy == full.policy and fast.wm.main == full.wm.main and fast.grpo == full.grpo  # same models
+    assert fast.sft.steps < full.sft.steps and fast.wm.train.steps < full.wm.train.steps

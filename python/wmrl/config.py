@@ -643,6 +643,21 @@ _PROFILES: dict[str, Profile] = {
         bimanual=BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40, max_steps=400,
                               window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),
+    # `make speedrun` on one H200 (16 cores) in about 20 minutes: the default models and
+    # algorithms, fewer of what the clock is spent on. Planned from the measured stage times
+    # (bench/RESULTS.md): 300 demonstrations ~125 s, SFT 3,000 x 256 ~160 s, 200 collected
+    # episodes ~90 s, 500 world-model updates per view ~4 min (both views on the GPU at
+    # ~156 samples/s each), 500 reward steps ~1 min, GRPO 10 steps in imagination ~3 min, and
+    # the two 10 x 50 evaluations before and after GRPO ~200 s each, which no profile shortens.
+    "speedrun": Profile(
+        name="speedrun",
+        demos=DemoConfig(episodes=30),
+        collect=CollectConfig(episodes=20),
+        sft=SFTConfig(steps=3000, warmup=300, save_interval=1000, full_interval=1000),
+        wm=WMProfile(train=WMTrainConfig(steps=500, save_interval=250, eval_interval=250)),
+        reward=RewardConfig(steps=500),
+        cycle=CycleConfig(grpo_steps=10),
+    ),
 }
 # Component names: "grpo" is the default profile's GRPO settings, "grpo_tiny" the tiny one's.
 _PARTS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "name")
@@ -672,7 +687,7 @@ def get_config(name: str) -> Any:
 
 
 def get_profile(name: str) -> Profile:
-    """A registered profile (``default``, ``tiny``)."""
+    """A registered profile (``default``, ``tiny``, ``speedrun``)."""
     if name not in _PROFILES:
         get_config(name)  # the "did you mean" message for near misses
         raise ConfigError(f"{name!r} is a part of a profile, not a profile; choose one of: {', '.join(sorted(_PROFILES))}")
