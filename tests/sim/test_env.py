@@ -140,5 +140,15 @@ def test_random_placement_puts_a_bowl_on_its_fixture(sim_cfg):
             bowl, stove = poses["akita_black_bowl_1"], poses["flat_stove_1"]
             assert bowl[2] < 1.0, bowl  # resting at burner height, not falling from the sky
             assert np.linalg.norm(bowl[:2] - stove[:2]) < 0.25
+        # the fixtures' rest poses, read from the XML's attributes, are exactly what MuJoCo compiles
+        import mujoco
+
+        compiled = mujoco.MjModel.from_xml_string(env.raw.model.get_xml())
+        sim_model = env.raw.sim.model._model
+        assert len(env._fixture_rest_poses) == len(env.raw.fixtures_dict) > 0
+        body_kind = mujoco.mjtObj.mjOBJ_BODY
+        for body, (pos, quat) in env._fixture_rest_poses.items():
+            src = mujoco.mj_name2id(compiled, body_kind, mujoco.mj_id2name(sim_model, body_kind, body))
+            assert np.array_equal(pos, compiled.body_pos[src]) and np.array_equal(quat, compiled.body_quat[src])
     finally:
         env.close()
