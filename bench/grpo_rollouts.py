@@ -6,7 +6,7 @@ under two task schedules (no policy network: random action chunks, so it runs on
 
 A GRPO step hands the worker pool ``groups`` x ``group_size`` episodes over ``groups`` tasks.
 Every worker keeps an env for its ``envs_per_worker`` most recent tasks, because building one
-costs ~10 s against ~30 ms for a reset. Which tasks consecutive steps share decides how often
+costs 4-6 s against well under a second for a reset. Which tasks consecutive steps share decides how often
 the workers build:
 
 * ``blocks``: step s takes the next ``groups`` tasks in turn (s * groups + g): with 4 groups

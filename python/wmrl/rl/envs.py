@@ -90,7 +90,7 @@ def group_tasks(tasks: tuple[int, ...], step: int, groups: int) -> list[int]:
     """Tasks of this step's groups: a window of ``groups`` tasks that slides by one task per
     step, so every task comes ``groups`` times in any ``len(tasks)`` consecutive steps, and
     consecutive steps share all tasks but one. The simulator's workers keep an env for their
-    most recent tasks (building one costs ~10 s, a reset ~30 ms); windows that jumped by
+    most recent tasks (building one costs 4-6 s, a reset well under 1 s); windows that jumped by
     ``groups`` tasks shared none and made nearly every worker build every step
     (bench/grpo_rollouts.py)."""
     return [tasks[(step + g) % len(tasks)] for g in range(groups)]

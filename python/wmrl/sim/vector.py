@@ -2,7 +2,7 @@
 
 Each worker (a ``spawn``-ed process) holds ``max_envs`` ``SpatialEnv``s (one per task, the
 least recently used dropped first; 1 by default) and reuses them for later episodes of the
-same task, because building an env costs ~10 s and a reset ~30 ms. The scheduler hands a
+same task, because building an env costs 4-6 s and a reset 30-180 ms. The scheduler hands a
 free worker the next episode of the task it has, and only switches it to another task (the
 one with the most episodes left) when its own runs out. Many short batches over many tasks
 (GRPO) keep an env per task in every worker.
@@ -56,7 +56,7 @@ class EpisodeResult:
     wall_s: float
     worker: int
     trajectory: Trajectory | None = None
-    env_built: bool = False  # the worker had to build this task's env first (~10 s: its cache held other tasks)
+    env_built: bool = False  # the worker had to build this task's env first (4-6 s: its cache held other tasks)
 
 
 class EpisodeSource(Protocol):
@@ -321,7 +321,7 @@ class SimulatorPool:
     def _run_batched(self, source: EpisodeSource, policy) -> Iterator[EpisodeResult]:
         """Batched chunk policy: one forward pass for every worker whose observation is ready.
 
-        Not a strict lockstep: a worker that builds an env for a new task (~10 s) or runs a
+        Not a strict lockstep: a worker that builds an env for a new task (4-6 s) or runs a
         slow chunk must not hold up the others, so the parent acts on whoever is ready,
         after waiting ``batch_window_s`` for stragglers to join the batch. While one batch's
         workers step the physics, the next batch's forward pass runs.
