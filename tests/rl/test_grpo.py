@@ -355,16 +355,21 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     step0.mkdir(parents=True)
 
     def write(sha_in_evidence, sampler):
-        ev.write_text(json.dumps({"settings": {"checkpoint": {"model_sha256": sha_in_evidence}, "sampler": sampler},
+        ev.write_text(json.dumps({"settings": {"checkpoint": {"model_sha256": sha_in_evidence}, "sampler": sampler,
+                                               "temperature": temperature},
                                   "summary": {"success_rate": 0.46, "trials": 500}}))
-        (step0 / "config.json").write_text(json.dumps({"origin": {
+        (step0 / "config.json").write_text(json.dumps({"policy": {"temperature_eval": 1.6}, "origin": {
             "sft_checkpoint": str(sft.checkpoint(4000, "sft")), "sft_model_sha256": "abc"}}))
 
+    temperature = 1.6
     write("abc", "sde")
     assert grpo.origin_evidence(step0, "sde") == ev
     assert grpo.origin_evidence(step0, "ode") is None  # another sampler: not the same measurement
     write("def", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # other weights
+    temperature = 2.0
+    write("abc", "sde")
+    assert grpo.origin_evidence(step0, "sde") is None  # the SDE at another temperature
 
 
 def test_the_task_window_slides_by_one_task_per_step():

@@ -12,7 +12,8 @@ Read top to bottom; one GRPO step is
                  ``max_chunks``
     3. advantage reward = success (0/1); A = (r - mean of the group) / (std of the group +
                  eps); groups whose members all agree carry no signal and are skipped
-    4. update    for every kept chunk, the log-density of its stored chain is recomputed
+    4. update    only the action expert trains (``trainable``; the encoders stay as SFT left
+                 them). For every kept chunk, the log-density of its stored chain is recomputed
                  under the current parameters (all K transitions in one batched pass); per
                  action element (chunk position x action dimension) the ratio
                  exp(log p_new - log p_old), log p summed over the K transitions (the joint
@@ -530,7 +531,8 @@ def origin_evidence(step0: Path, sampler: str) -> Path | None:
 
     from wmrl.layout import parse_step_name
 
-    origin = json.loads((step0 / "config.json").read_text()).get("origin") or {}
+    meta = json.loads((step0 / "config.json").read_text())
+    origin = meta.get("origin") or {}
     src = Path(origin.get("sft_checkpoint", ""))
     step = parse_step_name(src.name)
     if step is None or len(src.parents) < 3:
@@ -542,6 +544,8 @@ def origin_evidence(step0: Path, sampler: str) -> Path | None:
         return None
     same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
         settings.get("sampler") == sampler
+    if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own)
+        same = same and settings.get("temperature") == meta.get("policy", {}).get("temperature_eval")
     return ev if same else None
 
 
