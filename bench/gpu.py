@@ -281,9 +281,12 @@ def wait(v: dict) -> None:
     while time.time() < deadline and any(_alive(p) for p in pids):
         time.sleep(5)
     running = [p for p in pids if _alive(p)]
-    print(f"[gpu] background phases still running: {running}" if running else "[gpu] background phases finished")
-    for f in sorted(OUT.glob("*.log")):
-        print(f"---- {f.name}\n" + "\n".join(f.read_text().splitlines()[-6:]))
+    try:  # a reader that stops early (| head) must not turn the report into a traceback
+        print(f"[gpu] background phases still running: {running}" if running else "[gpu] background phases finished")
+        for f in sorted(OUT.glob("*.log")):
+            print(f"---- {f.name}\n" + "\n".join(f.read_text().splitlines()[-6:]))
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")
 
 
 def _alive(pid: int) -> bool:
