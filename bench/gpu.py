@@ -126,15 +126,21 @@ def pack(run: Path, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------------- phases
-def phase_learn(v: dict, env: dict) -> None:
-    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+def demos_and_sft(run: str, workers: str, v: dict, env: dict, steps: str | None) -> int:
+    """Scripted demonstrations into RUN/demos, then SFT on them (``steps``; None: the profile's);
+    the SFT stage's exit code (a failed collection stops the phase)."""
     demos = RunLayout(run).demos
-    if stage("demos", "collect_demos.py", ["--workers", w, "--out", demos, "--no-progress",
+    if stage("demos", "collect_demos.py", ["--workers", workers, "--out", demos, "--no-progress",
                                             *(["--episodes", v["EPISODES"]] if "EPISODES" in v else []),
                                             *shlex.split(v.get("DEMO_ARGS", ""))], env):
         sys.exit(1)
-    stage("sft", "sft.py", ["--run", run, "--data", demos, "--steps", v.get("STEPS", "4000"), "--no-progress",
-                            "--no-tensorboard"], env)
+    return stage("sft", "sft.py", ["--run", run, "--data", demos, *(["--steps", steps] if steps else []),
+                                   "--no-progress", "--no-tensorboard"], env)
+
+
+def phase_learn(v: dict, env: dict) -> None:
+    run = v.get("RUN", "runs/h200")
+    demos_and_sft(run, v.get("WORKERS", str(os.cpu_count())), v, env, v.get("STEPS", "4000"))
     pack(Path(run), "learn")
 
 
@@ -227,9 +233,7 @@ def phase_speedrun(v: dict, env: dict) -> None:
     pair between the 10 x 50 evaluations before and after). Stage times in times.jsonl, the
     cycle's own in RUN/cycle.json and RUN/report.html."""
     run, w = v.get("RUN", "runs/speedrun"), v.get("WORKERS", str(os.cpu_count()))
-    demos = RunLayout(run).demos
-    if stage("demos", "collect_demos.py", ["--workers", w, "--out", demos, "--no-progress"], env) or \
-            stage("sft", "sft.py", ["--run", run, "--data", demos, "--no-progress", "--no-tensorboard"], env):
+    if demos_and_sft(run, w, v, env, v.get("STEPS")):
         sys.exit(1)
     stage("cycle", "cycle.py", ["--run", run, "--cycles", "1", "--workers", w, "--train-py", PY, "--wm-py", WM_PY,
                                 *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])], env)

@@ -8,7 +8,6 @@ where it is missing the figure is skipped with a message, never the run.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -54,6 +53,11 @@ def loss_curve(log_jsonl: str | os.PathLike, out: str | os.PathLike) -> Path | N
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, plt, Path(out))
+
+
+def _binomial_se_pct(rate: float, trials: int) -> float:
+    """The binomial standard error of a success rate over ``trials``, in percentage points."""
+    return 100 * (rate * (1 - rate) / max(trials, 1)) ** 0.5
 
 
 def success_by_task(summary: dict, out: str | os.PathLike, title: str = "") -> Path | None:
@@ -106,7 +110,7 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
         ax.plot(steps, [100 * r["rollout_success"] for r in recs], "-", alpha=0.6, label="rollouts (training env)")
     if evaluations:
         ev = sorted(evaluations)
-        se = [100 * math.sqrt(max(rate * (1 - rate), 1e-12) / max(n, 1)) for _, rate, n in ev]
+        se = [_binomial_se_pct(rate, n) for _, rate, n in ev]
         ax.errorbar([e[0] for e in ev], [100 * e[1] for e in ev], yerr=se, fmt="o-", color="tab:red", capsize=3,
                     label="real simulator, fixed states")
         for s, rate, n in ev:
@@ -156,7 +160,7 @@ def success_curve(points: list[tuple[int, float, int]], out: str | os.PathLike, 
     points = sorted(points)
     steps = [p[0] for p in points]
     rates = [100 * p[1] for p in points]
-    err = [100 * (p[1] * (1 - p[1]) / max(p[2], 1)) ** 0.5 for p in points]
+    err = [_binomial_se_pct(p[1], p[2]) for p in points]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.errorbar(steps, rates, yerr=err, fmt="o-", capsize=3)
     for s, r, (_, _, n) in zip(steps, rates, points):

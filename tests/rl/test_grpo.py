@@ -347,6 +347,7 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     supervised checkpoint's evaluation in its own run counts if the weights (SHA-256) and the
     sampler are the same, and only then."""
     from wmrl.layout import RunLayout
+    from wmrl.policy.model import FlowPolicy
 
     sft = RunLayout(tmp_path / "sft_run")
     ev = sft.evidence(4000, "sft")
@@ -358,8 +359,9 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
         ev.write_text(json.dumps({"settings": {"checkpoint": {"model_sha256": sha_in_evidence}, "sampler": sampler,
                                                "temperature": temperature},
                                   "summary": {"success_rate": 0.46, "trials": 500}}))
-        (step0 / "config.json").write_text(json.dumps({"policy": {"temperature_eval": 1.6}, "origin": {
-            "sft_checkpoint": str(sft.checkpoint(4000, "sft")), "sft_model_sha256": "abc"}}))
+        (step0 / "config.json").write_text(json.dumps({
+            "format": FlowPolicy.FORMAT, "policy": {"temperature_eval": 1.6},
+            "origin": {"sft_checkpoint": str(sft.checkpoint(4000, "sft")), "sft_model_sha256": "abc"}}))
 
     temperature = 1.6
     write("abc", "sde")

@@ -147,7 +147,9 @@ def path_mounts(args: list[str], repo: Path, cwd: Path | None = None) -> list[Pa
 
 def manifest_files(path: Path) -> list[Path]:
     """The data files a world-model manifest lists (paths relative to the manifest's folder),
-    if ``path`` is one or a folder holding ``manifest.json``; else none."""
+    if ``path`` is one or a folder holding ``manifest.json``; else none. Read with ``json`` alone,
+    not ``wmrl.data.manifest``: the driver's Python has no numpy or h5py, and only the paths
+    matter here (the stage verifies the manifest itself)."""
     import json
 
     m = path / "manifest.json" if path.is_dir() else path

@@ -530,8 +530,9 @@ def origin_evidence(step0: Path, sampler: str) -> Path | None:
     import json
 
     from wmrl.layout import parse_step_name
+    from wmrl.policy.model import FlowPolicy
 
-    meta = json.loads((step0 / "config.json").read_text())
+    policy, meta = FlowPolicy.read_config(step0)
     origin = meta.get("origin") or {}
     src = Path(origin.get("sft_checkpoint", ""))
     step = parse_step_name(src.name)
@@ -545,7 +546,7 @@ def origin_evidence(step0: Path, sampler: str) -> Path | None:
     same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
         settings.get("sampler") == sampler
     if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own)
-        same = same and settings.get("temperature") == meta.get("policy", {}).get("temperature_eval")
+        same = same and settings.get("temperature") == policy.temperature_eval
     return ev if same else None
 
 
