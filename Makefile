@@ -212,7 +212,7 @@ offline-install:
 # ---- World models (the cycle's steps 2-4; .venv/wm, DeepSpeed) --------------------------------
 #   make manifest RUN=r DATA=<new trajectories> [REPLAY=<demos, earlier cycles>]   RUN/manifest.json
 #   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n] [MAX_MINUTES=m]   both views; WM_GPUS_MAIN /
-#        WM_GPUS_WRIST pick the GPU groups (default half and half; CPU without GPUs); HOSTFILE=f for
+#        WM_GPUS_WRIST pick the GPU groups (default half and half, one GPU shared; CPU without GPUs); HOSTFILE=f for
 #        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows)
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)

@@ -6,7 +6,8 @@ whole tiny cycle runs in ``make demo``.
     python tests/fake_stage.py python/collect.py --run R --out DIR ...
 
 FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to be killed);
-every call is appended to FAKE_CALLS (one line: the script's stem)."""
+FAKE_SLOW=<stem> takes 3 s and appends "<stem>-end" when done; every call is appended to
+FAKE_CALLS (one line: the script's stem)."""
 
 import json
 import os
@@ -56,6 +57,11 @@ def main(argv):
     elif script == "wm_eval":
         (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "agreement": {
             "balanced_accuracy": 0.75}}))
+    elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from
+        ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
+        ev.parent.mkdir(parents=True, exist_ok=True)
+        ev.write_text(json.dumps({"summary": {"successes": 1, "trials": 50, "success_rate": 1 / 50,
+                                              "per_task": {"0": {"success_rate": 1 / 50}}}}))
     elif script in ("grpo", "evaluate"):
         target = int(flag(args, "--target", flag(args, "--ckpt")))
         if script == "grpo":
@@ -67,6 +73,10 @@ def main(argv):
         ev.parent.mkdir(parents=True, exist_ok=True)
         ev.write_text(json.dumps({"summary": {"successes": target, "trials": 50, "success_rate": target / 50,
                                               "per_task": {"0": {"success_rate": target / 50}}}}))
+    if os.environ.get("FAKE_SLOW") == script:
+        time.sleep(3)
+        with open(os.environ["FAKE_CALLS"], "a") as f:
+            f.write(script + "-end\n")
     return 0
 
 

@@ -32,6 +32,7 @@ def calls(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("FAKE_CALLS", str(path))
     monkeypatch.delenv("FAKE_FAIL", raising=False)
     monkeypatch.delenv("FAKE_HANG", raising=False)
+    monkeypatch.delenv("FAKE_SLOW", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi unless a test puts one there
     return path
 
@@ -68,14 +69,16 @@ def test_cycles_record_lineage_and_a_rerun_skips_everything(tmp_path, calls):
     run = new_run(tmp_path)
     main(job(run, cycles=2))
     runs = called(calls)
-    # GRPO's last step writes the evaluation, so the evaluate stage has nothing to do
-    assert runs == [s for s in ("collect", "make_manifest", "wm_update", "wm_reward", "package_pair", "wm_eval",
-                                "grpo")] * 2
+    # cycle 1 evaluates the supervised policy it starts from; cycle 2 starts from cycle 1's last
+    # GRPO step, whose evaluation GRPO wrote (as it writes step 4's: the evaluate stages have nothing to do)
+    per_cycle = ["collect", "make_manifest", "wm_update", "wm_reward", "package_pair", "wm_eval", "grpo"]
+    assert runs == per_cycle[:2] + ["evaluate"] + per_cycle[2:] + per_cycle
     st = load_state(run)
     c1, c2 = st["cycles"]["1"], st["cycles"]["2"]
     assert (c1["policy_in"], c1["grpo_from"], c1["grpo_to"]) == ("sft/10", 0, 2)
     assert (c2["policy_in"], c2["grpo_from"], c2["grpo_to"]) == ("2", 2, 4)
     assert c2["lineage"]["policy_in"] == "2" and c2["lineage"]["policy_out"] == "4"
+    assert c1["lineage"]["success_before"] == pytest.approx(1 / 50)  # evaluate_start's evaluation of sft/10
     assert c2["lineage"]["success_before"] == pytest.approx(2 / 50) and c2["lineage"]["success_after"] == pytest.approx(4 / 50)
     assert c1["collect_seed"] != c2["collect_seed"]  # each cycle collects new placements
     sel = json.loads((run / "cycles/cycle_2/train/selected_world_models.json").read_text())
@@ -95,6 +98,30 @@ def test_a_failed_stage_says_where_its_log_is_and_the_rerun_resumes_there(tmp_pa
     main(job(run))
     assert called(calls)[n:] == ["grpo"]  # only the failed stage ran again
     assert load_state(run)["cycles"]["1"]["stages"]["grpo"]["attempts"] == 2
+
+
+def test_the_start_policy_is_evaluated_while_the_world_models_train_and_grpo_waits_for_it(tmp_path, calls,
+                                                                                           monkeypatch):
+    """evaluate_start needs the CPU cores, the world-model stages the GPU: it runs in the
+    background from the manifest on, and GRPO starts only once it finished."""
+    run = new_run(tmp_path)
+    monkeypatch.setenv("FAKE_SLOW", "evaluate")
+    main(job(run))
+    runs = called(calls)
+    assert runs.index("evaluate") < runs.index("wm_update") < runs.index("evaluate-end") < runs.index("grpo")
+    st = load_state(run)["cycles"]["1"]["stages"]["evaluate_start"]
+    assert st["done"] and st["seconds"] >= 3
+
+
+def test_a_failed_background_stage_stops_the_cycle_before_grpo(tmp_path, calls, monkeypatch):
+    run = new_run(tmp_path)
+    monkeypatch.setenv("FAKE_FAIL", "evaluate")
+    with pytest.raises(CycleError, match=r"evaluate_start of cycle 1 failed \(exit 1\); its log: .*cycle_1_evaluate_start.log"):
+        main(job(run))
+    assert "grpo" not in called(calls)
+    monkeypatch.delenv("FAKE_FAIL")
+    main(job(run))  # the rerun runs it again and goes on
+    assert called(calls).count("evaluate") == 2 and "grpo" in called(calls)
 
 
 def test_an_output_changed_after_its_stage_finished_is_refused(tmp_path, monkeypatch):

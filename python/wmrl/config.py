@@ -388,8 +388,8 @@ class RewardConfig:
     seed: int = 0
     # Frames the updated world models generate: every training episode replayed open loop with its
     # real actions from its real start, each imagined frame labelled with the real frame's success.
-    # They join the training frames and the threshold is calibrated on those of the validation
-    # episodes: GRPO judges generated frames. 0: real frames only.
+    # They join the training frames, and the threshold is calibrated on the validation episodes' for
+    # GRPO's decision: episode success once any generated frame reaches it. 0: real frames only.
     generated_horizon: int = 30  # chunks imagined per episode (a whole 240-step episode)
     generated_batch: int = 32  # episodes imagined at once
 

@@ -6,13 +6,16 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
                failure kept)                                         -> cycle_n/collect/
     manifest   this cycle's data + replay (demonstrations, earlier cycles), 0.2 validation,
                0.5 new ratio                                         -> cycle_n/manifest.json
+    evaluate_start the real 10 x 50 evaluation of the policy GRPO starts from, in the background
+               while the world models train on the GPU (the simulator needs the CPU cores they
+               leave idle); skipped when that policy was evaluated before
     wm_update  both world models with the stop rule, starting from the previous cycle's pair
                                                                      -> cycle_n/worldmodels/{main,wrist}
     reward     the reward model on this manifest                     -> cycle_n/worldmodels/reward/
     package    the model pair (hashes, keyframes)                    -> cycle_n/model_pair/
     wm_eval    held-out real episodes replayed in the pair: agreement, fidelity, videos
-    grpo       GRPO inside the pair from the current policy, ``grpo_steps`` further (60 -> 80)
-                                                                     -> RUN/weights/policy/global_step_T
+    grpo       GRPO inside the pair from the current policy, ``grpo_steps`` further (60 -> 80);
+               waits for evaluate_start            -> RUN/weights/policy/global_step_T
     evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
 
 Every stage runs as its own process with the interpreter of its side (``train``: Python 3.11,
@@ -34,13 +37,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wmrl.config import ConfigError, CycleConfig
+from wmrl.config import ConfigError, CycleConfig, get_profile
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
 
 FORMAT = "wmrl-cycle/1"
-STAGES = ("collect", "manifest", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
+STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
 
 
 class CycleError(ConfigError):
@@ -74,6 +77,8 @@ class Stage:
     gpu: bool = False
     skip_if: Path | None = None  # an atomic output: present = finished (a kill lost only the record)
     verify: bool = True  # refuse a rerun when these outputs changed since (the evaluation may be redone)
+    background: bool = False  # started, then the next stages run while it does
+    needs: tuple[str, ...] = ()  # background stages that must have finished before this one starts
 
 
 # =========================================================================== records
@@ -128,8 +133,6 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
         if not prev or not prev.get("finished"):
             raise CycleError(f"cycle {n - 1} of {job.run} is not finished")
         start, policy = prev["grpo_to"], str(prev["grpo_to"])
-    from wmrl.config import get_profile
-
     rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
            "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
@@ -138,6 +141,12 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
 
 
 # =========================================================================== the stages
+def start_evidence(run: Path, policy: str) -> Path:
+    """Where the real evaluation of the policy a cycle starts from lives (``sft/N`` or a GRPO step)."""
+    kind, _, step = policy.rpartition("/")
+    return RunLayout(run).evidence(int(step), kind or "policy")
+
+
 def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
     run, c = job.run, Path(rec["dir"])
     layout, cl = RunLayout(run), RunLayout(c)
@@ -148,6 +157,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
     prev_pair = RunLayout(cycle_dir(run, n - 1)).model_pair if n > 1 else None
     target = rec["grpo_to"]
     evidence = layout.evidence(target)
+    start = start_evidence(run, rec["policy_in"]) if rec["policy_in"] != "sft/N" else None  # None: a dry run's plan
+    grpo = get_profile(job.profile).grpo  # GRPO's evaluations compare with this one: its sampler and episodes
     return [
         Stage("collect", "train", (
             "python/collect.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--out", str(cl.collect),
@@ -157,6 +168,11 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "python/make_manifest.py", "--run", str(c), "--new", str(cl.collect), *(["--replay", *replay] if replay else []),
             "--val-ratio", str(job.cfg.val_ratio), "--new-ratio", str(job.cfg.new_ratio), "--seed", str(job.seed)),
             (cl.manifest,), skip_if=cl.manifest),
+        # GRPO's step 0 reuses this evaluation (same weights, sampler and trials) instead of running its own
+        Stage("evaluate_start", "train", (
+            "python/evaluate.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--sampler", grpo.eval_sampler,
+            "--trials", str(grpo.final_trials), "--no-progress", *opt("--workers", job.workers)),
+            (start,) if start else (), gpu=True, skip_if=start, verify=False, background=True),
         Stage("wm_update", "wm", (
             "python/wm_update.py", *prof, "--run", str(c), "--no-progress",
             *opt("--init-pair", prev_pair), *opt("--steps", job.wm_steps), *opt("--max-minutes", job.max_minutes)),
@@ -170,7 +186,7 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
         Stage("grpo", "train", (
             "python/grpo.py", *prof, "--run", str(run), "--env", "wm", "--pair", str(cl.model_pair), "--target",
             str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers)),
-            (layout.checkpoint(target),), gpu=True),
+            (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
             *opt("--workers", job.workers)), (evidence,), gpu=True, skip_if=evidence, verify=False),
@@ -243,52 +259,19 @@ def plan(job: CycleJob) -> list[dict]:
 
 
 def main(job: CycleJob) -> dict:
-    from wmrl.preflight import check_gpus
-    from wmrl.procs import exclusive, run_child
+    from wmrl.procs import exclusive
 
     begin_cycle(job, load_state(job.run), 1)  # no policy to start from: said before anything is written
     job.run.mkdir(parents=True, exist_ok=True)
     with exclusive(job.run, "make cycle", name=".cycle.lock"):
         state = load_state(job.run)
-        logs = RunLayout(job.run).logs / "cycle"
-        logs.mkdir(parents=True, exist_ok=True)
         for n in range(1, job.cycles + 1):
             rec = begin_cycle(job, state, n)
             write_json(state_path(job.run), state)
             if rec.get("finished"):
                 print(f"[cycle {n}] finished earlier: skipped")
                 continue
-            for st in plan_stages(job, n, rec):
-                srec = rec["stages"].get(st.name)
-                if srec and srec.get("done"):
-                    check_unchanged(st, srec, n)
-                    print(f"[cycle {n}/{job.cycles}] {st.name}: done earlier, skipped")
-                    continue
-                srec = rec["stages"].setdefault(st.name, {"attempts": 0, "seconds": 0.0})
-                cmd = command(job, st)
-                t0 = time.time()
-                if st.skip_if is not None and st.skip_if.exists():
-                    print(f"[cycle {n}/{job.cycles}] {st.name}: {st.skip_if} is already written (by an earlier stage or run)")
-                else:
-                    if st.gpu:
-                        check_gpus(job.gpus, job.cfg.gpu_margin_gib)
-                    print(f"[cycle {n}/{job.cycles}] {st.name}: {shlex.join(cmd)}", flush=True)
-                    srec["attempts"] += 1
-                    rc = run_child(cmd, log=logs / f"cycle_{n}_{st.name}.log", env=stage_env(job), cwd=REPO)
-                    srec["seconds"] = round(srec["seconds"] + time.time() - t0, 1)
-                    write_json(state_path(job.run), state)
-                    if rc != 0:
-                        raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}); its log: "
-                                         f"{logs / f'cycle_{n}_{st.name}.log'}. Fix the cause and rerun the same "
-                                         "command: finished stages are skipped, this one resumes")
-                if not stage_finished(st, job.run, rec["grpo_to"]):
-                    raise CycleError(f"{st.name} of cycle {n} ended without its outputs "
-                                     f"({', '.join(str(p) for p in st.outputs)}); rerun the same command to continue it")
-                srec.update(done=True, command=shlex.join(cmd), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            outputs={str(p): fingerprint(p) for p in st.outputs})
-                write_json(state_path(job.run), state)
-                if job.report:
-                    build_report(job)
+            run_stages(job, state, n, rec)
             rec["lineage"] = lineage(job.run, rec)
             rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             write_json(state_path(job.run), state)
@@ -298,13 +281,87 @@ def main(job: CycleJob) -> dict:
     return state
 
 
+def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
+    """Cycle n's stages in order; a background stage runs alongside the next ones until a stage
+    that needs it (or the cycle's end) waits for it. Any failure stops what still runs."""
+    from wmrl.preflight import check_gpus
+    from wmrl.procs import run_child, start_child, stop_child
+
+    logs = RunLayout(job.run).logs / "cycle"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = lambda st: logs / f"cycle_{n}_{st.name}.log"  # noqa: E731
+    pending: dict = {}  # name -> (stage, process, start time) of running background stages
+
+    def ended(st: Stage, rc: int, t0: float) -> None:
+        srec = rec["stages"][st.name]
+        srec["seconds"] = round(srec["seconds"] + time.time() - t0, 1)
+        write_json(state_path(job.run), state)
+        if rc != 0:
+            raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}); its log: {log(st)}. Fix the cause and rerun "
+                             "the same command: finished stages are skipped, this one resumes")
+
+    def finished(st: Stage) -> None:
+        if not stage_finished(st, job.run, rec["grpo_to"]):
+            raise CycleError(f"{st.name} of cycle {n} ended without its outputs "
+                             f"({', '.join(str(p) for p in st.outputs)}); rerun the same command to continue it")
+        rec["stages"][st.name].update(done=True, command=shlex.join(command(job, st)),
+                                      finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                      outputs={str(p): fingerprint(p) for p in st.outputs})
+        write_json(state_path(job.run), state)
+        if job.report:
+            build_report(job)
+
+    def join(name: str) -> None:
+        st, proc, t0 = pending.pop(name)
+        print(f"[cycle {n}/{job.cycles}] waiting for {name} (background; its log: {log(st)})", flush=True)
+        ended(st, proc.wait(), t0)
+        print(f"[cycle {n}/{job.cycles}] {name}: finished in {time.time() - t0:.0f} s", flush=True)
+        finished(st)
+
+    try:
+        for st in plan_stages(job, n, rec):
+            srec = rec["stages"].get(st.name)
+            if srec and srec.get("done"):
+                check_unchanged(st, srec, n)
+                print(f"[cycle {n}/{job.cycles}] {st.name}: done earlier, skipped")
+                continue
+            for name in st.needs:
+                if name in pending:
+                    join(name)
+            srec = rec["stages"].setdefault(st.name, {"attempts": 0, "seconds": 0.0})
+            cmd = command(job, st)
+            t0 = time.time()
+            if st.skip_if is not None and st.skip_if.exists():
+                print(f"[cycle {n}/{job.cycles}] {st.name}: {st.skip_if} is already written (by an earlier stage or run)")
+            else:
+                if st.gpu and pending:  # checked when the background stage started; now our own work is on it
+                    print(f"[cycle {n}/{job.cycles}] {st.name}: GPU pre-flight skipped ({', '.join(pending)} uses it)")
+                elif st.gpu:
+                    check_gpus(job.gpus, job.cfg.gpu_margin_gib)
+                srec["attempts"] += 1
+                if st.background:
+                    print(f"[cycle {n}/{job.cycles}] {st.name} (background, log {log(st)}): {shlex.join(cmd)}", flush=True)
+                    pending[st.name] = (st, start_child(cmd, log=log(st), env=stage_env(job), cwd=REPO), t0)
+                    continue
+                print(f"[cycle {n}/{job.cycles}] {st.name}: {shlex.join(cmd)}", flush=True)
+                ended(st, run_child(cmd, log=log(st), env=stage_env(job), cwd=REPO), t0)
+            finished(st)
+        for name in list(pending):
+            join(name)
+    finally:
+        for _, proc, _ in pending.values():
+            stop_child(proc)
+
+
 def lineage(run: Path, rec: dict) -> dict:
     """Which policy collected which data, which data trained which pair, which pair trained
     which policy (with the hashes the records hold)."""
     st = rec["stages"]
     c = RunLayout(rec["dir"])
     sha = lambda stage, path: st[stage]["outputs"][str(path)]  # noqa: E731
-    before = RunLayout(run).evidence(rec["grpo_from"])  # step 0: the supervised policy, evaluated first
+    before = RunLayout(run).evidence(rec["grpo_from"])  # GRPO's own evaluation of its start, if it made one
+    if not before.exists():
+        before = start_evidence(run, rec["policy_in"])  # evaluate_start's
     after = RunLayout(run).evidence(rec["grpo_to"])
     rate = lambda p: read_json(p, CycleError, "")["summary"]["success_rate"] if p and p.exists() else None  # noqa: E731
     return {"policy_in": rec["policy_in"], "data": str(c.collect), "data_sha256": sha("collect", c.collect),

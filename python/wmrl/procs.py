@@ -2,6 +2,7 @@
 
     with exclusive(run, "make cycle"):          # a second writer gets a one-line error
         rc = run_child(cmd, log=path)           # output to the console and to ``path``
+        p = start_child(cmd, log=path)          # in the background (output to ``path`` only)
 
 A child started by ``run_child`` asks the kernel (Linux ``prctl(PR_SET_PDEATHSIG)``) for
 SIGTERM when its parent dies, so killing a controller never leaves a trainer writing into a
@@ -54,15 +55,29 @@ def run_child(cmd: list[str], *, log: Path | None = None, env: dict | None = Non
             sys.stdout.flush()
         return p.wait()
     except BaseException:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        stop_child(p)
         raise
     finally:
         if out:
             out.close()
+
+
+def start_child(cmd: list[str], *, log: Path, env: dict | None = None, cwd=None) -> subprocess.Popen:
+    """Start ``cmd`` in the background, its output appended to ``log`` only (it would interleave
+    with the foreground's); it dies with this process like ``run_child``'s children."""
+    with open(log, "a") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)
+
+
+def stop_child(p: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    p.terminate()
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 @contextlib.contextmanager

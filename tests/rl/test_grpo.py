@@ -357,7 +357,7 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
 
     def write(sha_in_evidence, sampler):
         ev.write_text(json.dumps({"settings": {"checkpoint": {"model_sha256": sha_in_evidence}, "sampler": sampler,
-                                               "temperature": temperature},
+                                               "temperature": temperature, "eval_seed": 0},
                                   "summary": {"success_rate": 0.46, "trials": 500}}))
         (step0 / "config.json").write_text(json.dumps({
             "format": FlowPolicy.FORMAT, "policy": {"temperature_eval": 1.6},
@@ -367,6 +367,10 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     write("abc", "sde")
     assert grpo.origin_evidence(step0, "sde") == ev
     assert grpo.origin_evidence(step0, "ode") is None  # another sampler: not the same measurement
+    # GRPO skips its own step-0 evaluation only for the same number of episodes and seed
+    assert grpo.origin_evidence(step0, "sde", trials=500, seed=0) == ev
+    assert grpo.origin_evidence(step0, "sde", trials=50) is None
+    assert grpo.origin_evidence(step0, "sde", trials=500, seed=1) is None
     write("def", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # other weights
     temperature = 2.0

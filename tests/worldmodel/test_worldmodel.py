@@ -218,7 +218,8 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert reward["train_generated_frames"] > 0 and reward["val_generated_frames"] > 0
     selection = json.loads((run / "train/selected_world_models.json").read_text())
     assert reward["generated_by"] == {v: selection[v]["weights"] for v in ("main", "wrist")}
-    assert reward["calibrated_on"] in ("generated", "real")
+    assert reward["calibrated_on"] in ("generated episodes", "generated", "real")
+    assert reward["val_generated_episodes"]["episodes"] >= 1
 
     _py("package_pair.py", "--run", str(run))
     pair = json.loads((run / "model_pair/pair.json").read_text())
@@ -241,6 +242,29 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     w.write_bytes(bytes(data))
     bad = _py("package_pair.py", "--verify", str(run / "model_pair"), check=False)
     assert bad.returncode == 2 and "wrist/model.safetensors" in bad.stderr and "SHA-256" in bad.stderr
+
+
+def test_the_threshold_is_calibrated_for_episode_success_not_single_frames():
+    """A rare spike in long failed rollouts barely moves a frame-level threshold, but success-once
+    over 30 chunks meets it in every failure: the episode-level threshold sits above the spikes."""
+    from wmrl.worldmodel.reward import calibrate, calibrate_episodes, episode_outcomes
+
+    probs, labels, episode = [], [], []
+    for e in range(2):  # successes: the arm reaches the goal at the last of 3 chunks
+        probs += [0.45, 0.9 if e == 0 else 0.45, 0.9]
+        labels += [False, False, True] if e == 0 else [False, True, True]
+        episode += [e] * 3
+    for e in range(2, 6):  # failures: 30 chunks, one spike each
+        probs += [0.05] * 29 + [0.5]
+        labels += [False] * 30
+        episode += [e] * 30
+    probs, labels, episode = torch.tensor(probs), torch.tensor(labels), torch.tensor(episode)
+    frame_th, frame_bal = calibrate(probs, labels)
+    peak, real = episode_outcomes(probs, labels, episode)
+    assert frame_bal > 0.9 and bool((peak >= frame_th).all())  # every episode a success: no GRPO signal
+    th, bal = calibrate_episodes(probs, labels, episode)
+    assert bal == 1.0 and 0.5 < th <= 0.9 and ((peak >= th) == real).all()
+    assert calibrate_episodes(probs[:6], labels[:6], episode[:6]) is None  # successes only: nothing to calibrate
 
 
 def test_balanced_accuracy_weighs_the_rare_class_equally():
@@ -356,7 +380,8 @@ def test_gpu_groups_and_launch_commands():
     assert gpu_groups(0, None, None) == ([], [])
     assert gpu_groups(8, None, None) == ([0, 1, 2, 3], [4, 5, 6, 7])  # the seed's four and four
     assert gpu_groups(2, "0", "0") == ([0], [0])  # one GPU shared on purpose
-    for bad in ((1, None, None), (8, "0,1", None), (2, "0", "5"), (2, "a", "1")):
+    assert gpu_groups(1, None, None) == ([0], [0])  # a one-GPU machine shares it (make speedrun)
+    for bad in ((8, "0,1", None), (2, "0", "5"), (2, "a", "1")):
         with pytest.raises(ConfigError):
             gpu_groups(*bad)
     cpu = ViewLaunch("wrist", [], 29601, ["--run", "r"], "wm_update.py").command()

@@ -486,7 +486,12 @@ def main(job: GRPOJob) -> dict:
     try:
         if kind == "sft":  # step 0: the supervised policy, with its lineage, and its real success
             save(0, full=True)
-            if job.eval_first:
+            done = origin_evidence(layout.checkpoint(0), cfg.eval_sampler, trials=cfg.final_trials * len(job.eval_tasks),
+                                   seed=job.eval_seed)
+            if job.eval_first and done:
+                say(f"[grpo] step 0 was evaluated as the supervised checkpoint it copies (same weights, sampler and "
+                    f"trials): {done}")
+            elif job.eval_first:
                 evaluator(model, loaded.norm, lang, image_size, 0, cfg.final_trials)
 
         # ---- 2. GRPO steps
@@ -497,6 +502,11 @@ def main(job: GRPOJob) -> dict:
         for step in range(start + 1, job.target + 1):
             rec, outcomes, adv = train_step(learner, env, step)
             metrics.write(rec)
+            if rec["skipped_groups"] == rec["groups"]:  # no group saw two outcomes: nothing to learn from
+                outcome = {1.0: "all succeeded", 0.0: "all failed"}.get(rec["rollout_success"], "each group agreed")
+                say(f"[grpo] step {step}: no group had both outcomes ({outcome}), so the policy did not change" +
+                    (" (in imagination the reward model decides: see the pair's fidelity.json, agreement)"
+                     if cfg.env == "wm" else ""))
             rollout_log.write({"step": step, "outcomes": [asdict(o) for o in outcomes], "advantages": adv.tolist()})
             bar.set_postfix(success=f"{rec['rollout_success']:.2f}", skipped=f"{rec['skipped_groups']}/{rec['groups']}")
             bar.update(1)
@@ -524,9 +534,10 @@ def main(job: GRPOJob) -> dict:
     return {"step": step, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
 
 
-def origin_evidence(step0: Path, sampler: str) -> Path | None:
+def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: int | None = None) -> Path | None:
     """GRPO step 0 is a copy of a supervised checkpoint; the evaluation of that checkpoint in
-    the run that trained it (same weights by SHA-256, same sampler), if there is one."""
+    the run that trained it (same weights by SHA-256, same sampler; ``trials`` episodes and
+    evaluation ``seed``, if given), if there is one."""
     import json
 
     from wmrl.layout import parse_step_name
@@ -540,8 +551,11 @@ def origin_evidence(step0: Path, sampler: str) -> Path | None:
         return None
     ev = RunLayout(src.parents[2]).evidence(step, "sft")
     try:
-        settings = json.loads(ev.read_text())["settings"]
+        found = json.loads(ev.read_text())
+        settings, done = found["settings"], found["summary"]["trials"]
     except (OSError, ValueError, KeyError):
+        return None
+    if (trials is not None and done != trials) or (seed is not None and settings.get("eval_seed") != seed):
         return None
     same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
         settings.get("sampler") == sampler

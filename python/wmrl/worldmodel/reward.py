@@ -7,9 +7,16 @@ frames they generated: every training episode replayed open loop with its real a
 its real start (``imagined_frames``), each imagined frame labelled with the real frame's
 success, so the reward learns to say what the simulator said from what the world model
 shows. Success frames are rare (an episode ends soon after success), so batches are drawn half
-positive, half negative. The decision threshold is calibrated on the validation episodes'
-generated frames where there are any (what GRPO judges), else on their real frames, and
-stored with the weights.
+positive, half negative.
+
+The decision threshold is stored with the weights. It is calibrated for the decision GRPO
+makes: an imagined rollout succeeds once any of its frames reaches the threshold, so over a
+30-chunk rollout a threshold that is right for single frames calls nearly every rollout a
+success (measured on the H200: 20 of 20 held-out episodes, 13 real successes, and every GRPO
+group skipped). Where the validation episodes' generated frames show both outcomes, the
+threshold is the one with the best balanced accuracy of *episode* success (success-once over
+the episode's generated frames against the simulator's); else it is calibrated on frames,
+generated or real.
 """
 
 from __future__ import annotations
@@ -62,13 +69,14 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
 
 @torch.no_grad()
 def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, batch: int = 32, seed: int = 0,
-                    device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                    device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Main-view frames the pair generates for ``episodes`` (real start, real actions), uint8
-    (N, H, W, 3), with the real frames' success labels (N,); the start frames (real) are left out."""
+    (N, H, W, 3), with the real frames' success labels (N,) and the index of the episode each
+    frame belongs to (N,); the start frames (real) are left out."""
     from wmrl.worldmodel.fidelity import open_loop
     from wmrl.worldmodel.model import unit_to_images
 
-    frames, labels = [], []
+    frames, labels, index = [], [], []
     for i in range(0, len(episodes), batch):
         roll = open_loop(main_model, wrist_model, episodes[i:i + batch], horizon, seed=seed + i, device=device)
         valid = roll["valid"].clone()
@@ -76,9 +84,15 @@ def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, batch: i
         success = torch.stack(roll["success"]).bool()
         frames.append(unit_to_images(roll["imagined"]["main"][valid]))
         labels.append(success[valid])
+        index.append((torch.arange(valid.shape[0])[:, None] + i).expand_as(valid)[valid])
     if not frames:
-        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
-    return torch.cat(frames), torch.cat(labels)
+        return no_frames()
+    return torch.cat(frames), torch.cat(labels), torch.cat(index)
+
+
+def no_frames() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``imagined_frames`` of no episode."""
+    return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long)
 
 
 def balanced_accuracy(pred: torch.Tensor, labels: torch.Tensor) -> float | None:
@@ -99,6 +113,29 @@ def calibrate(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
         if bal > best[1]:
             best = (float(th), bal)
     return best
+
+
+def episode_outcomes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per episode (of those with frames): the highest success probability of its frames and
+    whether the simulator called it a success (any frame labelled success)."""
+    ids, inverse = torch.unique(episode, return_inverse=True)
+    peak = torch.full((len(ids),), -1.0).scatter_reduce(0, inverse, probs.float(), "amax")
+    real = torch.zeros(len(ids)).scatter_reduce(0, inverse, labels.float(), "amax").bool()
+    return peak, real
+
+
+def calibrate_episodes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor) -> tuple[float, float] | None:
+    """The threshold of success-once (an episode succeeds when any of its frames reaches it)
+    with the best balanced accuracy of episode success, and that accuracy; None unless both
+    outcomes are among the episodes. Of equally good thresholds the middle one: ties are
+    common with few episodes, and the middle is furthest from flipping any of them."""
+    peak, real = episode_outcomes(probs, labels, episode)
+    if real.all() or not real.any():
+        return None
+    grid = torch.linspace(0.01, 0.99, 99)
+    scores = torch.tensor([balanced_accuracy(peak >= th, real) for th in grid])
+    best = torch.nonzero(scores >= scores.max() - 1e-9).flatten()
+    return float(grid[best[len(best) // 2]]), float(scores.max())
 
 
 class RewardObjective(nn.Module):
@@ -170,13 +207,26 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     def both_kinds(labels: torch.Tensor) -> bool:
         return len(labels) > 0 and bool(labels.any()) and bool((~labels).any())
 
-    gen_val = generated["val"] if generated is not None else (torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+    gen_val = generated["val"] if generated is not None else no_frames()
     real_probs, gen_probs = probs_of(val_frames), probs_of(gen_val[0])
-    # calibrated where GRPO judges: on generated frames when they show both outcomes
+    # calibrated where and as GRPO judges: success-once over generated episodes when they show
+    # both outcomes, else single generated frames, else real ones
     cal = (gen_probs, gen_val[1], "generated") if both_kinds(gen_val[1]) else (real_probs, val_labels, "real")
     threshold, bal_acc, calibrated_on = (*calibrate(cal[0], cal[1]), cal[2]) if both_kinds(cal[1]) else (0.5, None, None)
+    frame_threshold = threshold
+    by_episode = calibrate_episodes(gen_probs, gen_val[1], gen_val[2]) if len(gen_val[0]) else None
+    if by_episode is not None:
+        (threshold, bal_acc), calibrated_on = by_episode, "generated episodes"
+    episodes = None
+    if len(gen_val[0]):
+        peak, real = episode_outcomes(gen_probs, gen_val[1], gen_val[2])
+        episodes = {"episodes": len(peak), "real_successes": int(real.sum()),
+                    "imagined_successes": int((peak >= threshold).sum()),
+                    "balanced_accuracy": balanced_accuracy(peak >= threshold, real),
+                    "imagined_successes_at_frame_threshold": int((peak >= frame_threshold).sum())}
     model.threshold.fill_(threshold)
     meta = {"threshold": threshold, "calibrated_on": calibrated_on, "val_balanced_accuracy": bal_acc,
+            "frame_threshold": frame_threshold, "val_generated_episodes": episodes,
             "val_balanced_accuracy_real": balanced_accuracy(real_probs >= threshold, val_labels) if len(val_frames) else None,
             "val_balanced_accuracy_generated": balanced_accuracy(gen_probs >= threshold, gen_val[1]) if len(gen_val[0])
             else None, "val_frames": len(val_frames), "val_generated_frames": len(gen_val[0]),

