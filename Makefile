@@ -144,7 +144,7 @@ grpo: setup
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
 # MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
 # One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
-# pair; GRPO's first and last steps are the 10 x 50 evaluations before and after) -> report. Every
+# pair, between the 10 x 50 evaluations before (in the background) and after) -> report. Every
 # stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun and PROFILE to
 # speedrun (the default models, shorter stages: python/wmrl/config.py); the command line's
 # variables (WORKERS, GPUS, SEED, STEPS, GRPO_STEPS, DRY_RUN ...) reach every stage.

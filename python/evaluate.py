@@ -50,7 +50,7 @@ def build(argv: list[str] | None = None) -> tuple[argparse.Namespace, Profile]:
 
 
 def main(args: argparse.Namespace, prof: Profile) -> int:
-    from wmrl.evaluation.harness import evaluate, format_table
+    from wmrl.evaluation.harness import evaluate, format_table, format_throughput
 
     if args.policy == "checkpoint":
         return _checkpoint(args, prof)
@@ -67,6 +67,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
     from wmrl.sim.tasks import get_task
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))
+    print(format_throughput(result.results["throughput_this_run"]))
     print(f"results: {result.results_path}")
     return 0
 
@@ -74,7 +75,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
 def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
     """A policy checkpoint: the runner is built here; the harness takes any chunk policy."""
     from wmrl.evaluation.evidence import publish
-    from wmrl.evaluation.harness import evaluate, format_table
+    from wmrl.evaluation.harness import evaluate, format_table, format_throughput
     from wmrl.layout import RunLayout
     from wmrl.policy import checkpoint as ck
 
@@ -113,6 +114,7 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
     from wmrl.sim.tasks import get_task
 
     print(format_table(result.summary, {t: get_task(t).instruction for t in prof.eval.tasks}))
+    print(format_throughput(result.results["throughput_this_run"]))
     print(f"evidence: {evidence}")
     return 0
 

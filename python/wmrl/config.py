@@ -643,12 +643,13 @@ _PROFILES: dict[str, Profile] = {
         bimanual=BundleConfig(episodes_per_task=2, fail_fraction=0.5, image_size=32, frame_stride=40, max_steps=400,
                               window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),
-    # `make speedrun` on one H200 (16 cores) in about 20 minutes: the default models and
-    # algorithms, fewer of what the clock is spent on. Planned from the measured stage times
-    # (bench/RESULTS.md): 300 demonstrations ~125 s, SFT 3,000 x 256 ~160 s, 200 collected
-    # episodes ~90 s, 500 world-model updates per view ~4 min (both views on the GPU at
-    # ~156 samples/s each), 500 reward steps ~1 min, GRPO 10 steps in imagination ~3 min, and
-    # the two 10 x 50 evaluations before and after GRPO ~200 s each, which no profile shortens.
+    # `make speedrun` on one H200 (16 cores): the default models and algorithms, fewer of what
+    # the clock is spent on. Measured (bench/RESULTS.md, "make speedrun on one H200"): 22.7 min
+    # from nothing - 300 demonstrations 142 s, SFT 3,000 x 256 224 s, 200 collected episodes
+    # 127 s, 500 world-model updates per view 310 s (both views on the GPU while the start
+    # policy's 10 x 50 evaluation runs on the CPU cores), reward 115 s, GRPO's 10 steps in
+    # imagination ~90 s and the final 10 x 50 evaluation 259 s. GRPO evaluates only at its last
+    # step here (a 50-episode evaluation at step 5 cost 45 s and says little).
     "speedrun": Profile(
         name="speedrun",
         demos=DemoConfig(episodes=30),
@@ -656,6 +657,7 @@ _PROFILES: dict[str, Profile] = {
         sft=SFTConfig(steps=3000, warmup=300, save_interval=1000, full_interval=1000),
         wm=WMProfile(train=WMTrainConfig(steps=500, save_interval=250, eval_interval=250)),
         reward=RewardConfig(steps=500),
+        grpo=GRPOConfig(eval_interval=10),
         cycle=CycleConfig(grpo_steps=10),
     ),
 }

@@ -1,9 +1,11 @@
 import json
+import time
 
+import numpy as np
 import pytest
 
 from wmrl.config import EvalConfig, SimConfig
-from wmrl.evaluation.harness import EvaluationError, evaluate, format_table, plan
+from wmrl.evaluation.harness import EvaluationError, evaluate, format_table, format_throughput, plan
 
 SIM = SimConfig(image_size=64, max_steps=16)
 CFG = EvalConfig(tasks=(0,), trials=2, workers=1)
@@ -32,6 +34,30 @@ def test_evidence_has_every_episode_and_the_settings(random_eval):
     assert s["versions"]["mujoco"] and s["renderer"] in ("osmesa", "egl", "glfw")
     assert data["summary"]["trials"] == 2 and data["summary"]["success_rate"] == 0.0
     assert "0/2" in format_table(data["summary"])
+
+
+class SlowChunkPolicy:
+    """A chunk policy that takes 0.2 s per call, as a slow GPU round trip would."""
+
+    policy_id = "slow-zeros"
+
+    def act(self, observations):
+        time.sleep(0.2)
+        return np.zeros((len(observations), 8, 7), np.float32)
+
+
+def test_throughput_says_how_long_the_workers_waited_for_the_policy(random_eval, tmp_path):
+    """A step policy acts inside the worker, which never waits; a chunk policy answers over a
+    pipe, and the worker's idle time is what separates evaluation speed from physics speed."""
+    _, res = random_eval
+    tp = res.results["throughput_this_run"]
+    assert tp["episodes"] == 2 and tp["env_steps"] == 32 and tp["steps_per_s"] > 0
+    assert all(e["wall_s"] - e["busy_s"] < 0.05 for e in res.results["episodes"])
+    slow = evaluate(SlowChunkPolicy(), sim=SIM, cfg=CFG, out_dir=tmp_path, progress=False)
+    # 16 steps = 2 chunks: two calls per episode (after the reset, after the first chunk)
+    assert all(e["wall_s"] - e["busy_s"] >= 0.4 for e in slow.results["episodes"])
+    busy = slow.results["throughput_this_run"]["worker_busy_share"]
+    assert busy < tp["worker_busy_share"] and "waited for the policy" in format_throughput(slow.results["throughput_this_run"])
 
 
 def test_finished_results_are_not_overwritten(random_eval):

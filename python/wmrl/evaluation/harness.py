@@ -138,6 +138,7 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     record_videos = cfg.videos > 0
 
     t0 = time.perf_counter()
+    ran: list[dict] = []  # the episodes this call runs (a resumed evaluation has others already)
     if todo:
         bar = tqdm(total=len(todo), desc=f"eval {policy_id}", unit="ep", disable=not progress,
                    initial=0, postfix={"success": "-"})
@@ -153,6 +154,7 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
             with open(log, "a") as f:
                 for result in pool.run(FixedEpisodes(todo), None if step_policy else policy):
                     rec = _episode_record(result, fingerprint)
+                    ran.append(rec)
                     f.write(json.dumps(rec) + "\n")
                     f.flush()
                     done[(rec["task"], rec["trial"])] = rec
@@ -170,7 +172,8 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     episodes = sorted(done.values(), key=lambda e: (e["task"], e["trial"]))
     summary = summarize(episodes, cfg.tasks)
     results = {"settings": settings, "eval_config": as_dict(cfg), "summary": summary,
-               "wall_s_this_run": round(wall, 2), "workers": workers, "episodes": episodes}
+               "wall_s_this_run": round(wall, 2), "workers": workers,
+               "throughput_this_run": throughput(ran, wall, workers), "episodes": episodes}
     path = out_dir / RESULTS
     write_json(path, results)
     from wmrl.plots import success_by_task
@@ -179,11 +182,31 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
     return EvalOutput(path, summary, results)
 
 
+def throughput(episodes: list[dict], wall: float, workers: int) -> dict:
+    """Environment steps per second of the episodes this call ran, and the share of the
+    workers' episode time spent computing (the rest: waiting for the policy's actions).
+    A busy share well below 1 says the policy, not the physics, sets the pace."""
+    steps, busy, ep_wall = (sum(e.get(k, 0) for e in episodes) for k in ("steps", "busy_s", "wall_s"))
+    return {"episodes": len(episodes), "env_steps": steps, "steps_per_s": round(steps / max(wall, 1e-9), 1),
+            "worker_busy_share": round(busy / ep_wall, 3) if ep_wall else None,
+            "worker_occupancy": round(ep_wall / max(wall * workers, 1e-9), 3)}
+
+
+def format_throughput(tp: dict) -> str:
+    """One line for people: steps per second and how busy the workers were."""
+    if not tp.get("episodes"):
+        return "throughput: no episode ran in this call (all were done earlier)"
+    busy = tp.get("worker_busy_share")
+    return (f"throughput: {tp['env_steps']} env steps of {tp['episodes']} episodes at {tp['steps_per_s']} steps/s; "
+            f"workers computing {busy:.0%} of their episode time (the rest waited for the policy)" if busy is not None
+            else f"throughput: {tp['steps_per_s']} steps/s")
+
+
 def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:
     s = result.spec
     return {"task": s.task_index, "trial": s.tag, "init_index": s.init_index, "seed": s.seed,
             "success": bool(result.success), "steps": int(result.steps), "wall_s": round(result.wall_s, 3),
-            "settings_fingerprint": fingerprint}
+            "busy_s": round(result.busy_s, 3), "settings_fingerprint": fingerprint}
 
 
 def write_video(result: EpisodeResult, folder: Path) -> Path | None:

@@ -586,7 +586,7 @@ class Evaluator:
         import json
 
         from wmrl.evaluation.evidence import publish
-        from wmrl.evaluation.harness import evaluate
+        from wmrl.evaluation.harness import evaluate, format_throughput
         from wmrl.fileio import sha256_file
         from wmrl.policy.runner import PolicyRunner
         from wmrl.sim.vector import SimulatorPool
@@ -615,7 +615,7 @@ class Evaluator:
         publish(job.run, info, result.results, harness_results=result.results_path)
         s = result.summary
         print(f"[grpo] step {step}: real success {s['successes']}/{s['trials']} = {100 * s['success_rate']:.1f}% "
-              f"({sampler}; evidence {evidence})", flush=True)
+              f"({sampler}; evidence {evidence}); {format_throughput(result.results['throughput_this_run'])}", flush=True)
         return s
 
     def history(self) -> list[tuple[int, float, int]]:

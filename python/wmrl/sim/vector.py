@@ -57,6 +57,9 @@ class EpisodeResult:
     worker: int
     trajectory: Trajectory | None = None
     env_built: bool = False  # the worker had to build this task's env first (4-6 s: its cache held other tasks)
+    # seconds the worker computed (env build, reset, physics, cameras); the rest of wall_s it
+    # waited for a chunk policy's actions, so busy_s / wall_s is how well the policy keeps pace
+    busy_s: float = 0.0
 
 
 class EpisodeSource(Protocol):
@@ -132,6 +135,7 @@ class _Worker:
 
         self.spec, self.t0 = spec, time.perf_counter()
         env = self._env_for(spec.task_index)
+        self.busy_s = 0.0  # from here on; the build and reset are added below
         obs = env.reset(init_index=spec.init_index) if spec.mode == "eval" else env.reset(seed=spec.seed)
         if self.step_policy_name is not None:
             self.policy = make_step_policy(self.step_policy_name, spec.seed)
@@ -141,6 +145,7 @@ class _Worker:
         self.recorder = TrajectoryRecorder() if self.record else None
         self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
         obs.spec = spec
+        self.busy_s = time.perf_counter() - self.t0
         return obs
 
     def _add_frame(self, obs, goal_holds: bool) -> None:
@@ -150,6 +155,7 @@ class _Worker:
 
     def step_chunk(self, actions: np.ndarray | None):
         """Execute one chunk (from ``actions`` or the step policy); returns (obs, done)."""
+        t0 = time.perf_counter()
         env = self.env
         goal = False
         for k in range(self.cfg.chunk_size):
@@ -174,6 +180,7 @@ class _Worker:
         obs = env.observe()
         self._add_frame(obs, goal_holds=goal)
         obs.spec = self.spec
+        self.busy_s += time.perf_counter() - t0
         return obs, env.done
 
     def result(self) -> EpisodeResult:
@@ -191,7 +198,8 @@ class _Worker:
                 "chunk_size": self.cfg.chunk_size, "image_size": self.cfg.image_size,
                 "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
             })
-        return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj, self.built)
+        return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj, self.built,
+                             self.busy_s)
 
     def run_episode(self, spec: EpisodeSpec) -> EpisodeResult:
         self.start(spec)
