@@ -262,9 +262,9 @@ def test_the_threshold_is_calibrated_for_episode_success_not_single_frames():
     frame_th, frame_bal = calibrate(probs, labels)
     peak, real = episode_outcomes(probs, labels, episode)
     assert frame_bal > 0.9 and bool((peak >= frame_th).all())  # every episode a success: no GRPO signal
-    th, bal = calibrate_episodes(probs, labels, episode)
+    th, bal = calibrate_episodes(peak, real)
     assert bal == 1.0 and 0.5 < th <= 0.9 and ((peak >= th) == real).all()
-    assert calibrate_episodes(probs[:6], labels[:6], episode[:6]) is None  # successes only: nothing to calibrate
+    assert calibrate_episodes(*episode_outcomes(probs[:6], labels[:6], episode[:6])) is None  # successes only
 
 
 def test_balanced_accuracy_weighs_the_rare_class_equally():

@@ -124,12 +124,11 @@ def episode_outcomes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.T
     return peak, real
 
 
-def calibrate_episodes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor) -> tuple[float, float] | None:
-    """The threshold of success-once (an episode succeeds when any of its frames reaches it)
-    with the best balanced accuracy of episode success, and that accuracy; None unless both
-    outcomes are among the episodes. Of equally good thresholds the middle one: ties are
-    common with few episodes, and the middle is furthest from flipping any of them."""
-    peak, real = episode_outcomes(probs, labels, episode)
+def calibrate_episodes(peak: torch.Tensor, real: torch.Tensor) -> tuple[float, float] | None:
+    """The threshold of success-once (an episode succeeds when any of its frames reaches it),
+    from ``episode_outcomes``, with the best balanced accuracy of episode success, and that
+    accuracy; None unless both outcomes are among the episodes. Of equally good thresholds the
+    middle one: ties are common with few episodes, and the middle is furthest from flipping any."""
     if real.all() or not real.any():
         return None
     grid = torch.linspace(0.01, 0.99, 99)
@@ -213,13 +212,12 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     # both outcomes, else single generated frames, else real ones
     cal = (gen_probs, gen_val[1], "generated") if both_kinds(gen_val[1]) else (real_probs, val_labels, "real")
     threshold, bal_acc, calibrated_on = (*calibrate(cal[0], cal[1]), cal[2]) if both_kinds(cal[1]) else (0.5, None, None)
-    frame_threshold = threshold
-    by_episode = calibrate_episodes(gen_probs, gen_val[1], gen_val[2]) if len(gen_val[0]) else None
-    if by_episode is not None:
-        (threshold, bal_acc), calibrated_on = by_episode, "generated episodes"
-    episodes = None
+    frame_threshold, episodes = threshold, None
     if len(gen_val[0]):
         peak, real = episode_outcomes(gen_probs, gen_val[1], gen_val[2])
+        by_episode = calibrate_episodes(peak, real)
+        if by_episode is not None:
+            (threshold, bal_acc), calibrated_on = by_episode, "generated episodes"
         episodes = {"episodes": len(peak), "real_successes": int(real.sum()),
                     "imagined_successes": int((peak >= threshold).sum()),
                     "balanced_accuracy": balanced_accuracy(peak >= threshold, real),
