@@ -16,7 +16,7 @@ returns only a few files).
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
-    python3 bench/gpu.py sim   (simulator throughput and the expert over the 500 fixed states)
+    python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=...]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
@@ -220,10 +220,11 @@ def phase_rank(v: dict, env: dict) -> None:
 
 def phase_sim(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
-    stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", "128,256", "--steps", "480", "--json",
-                                                    OUT / "throughput.json"], env)
-    stage("eval_expert", "evaluate.py", ["--policy", "expert", "--workers", w, "--out", f"{run}/eval_expert",
-                                          "--no-progress"], env)
+    stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", v.get("SIZES", "128,256"),
+                                                    "--steps", "480", "--json", OUT / "throughput.json"], env)
+    if v.get("EXPERT", "1") == "1":
+        stage("eval_expert", "evaluate.py", ["--policy", "expert", "--workers", w, "--out", f"{run}/eval_expert",
+                                              "--no-progress"], env)
     pack(Path(run), "sim")
 
 

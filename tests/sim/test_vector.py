@@ -85,12 +85,41 @@ class ConstantPolicy:
 
 def test_a_batched_policy_drives_all_workers_in_lockstep():
     policy = ConstantPolicy()
-    results = _run(2, policy=policy)
+    results = _run(2, policy=policy, episodes_per_worker=1)
     assert [r.steps for r in results] == [24, 24, 24]
     assert max(policy.batches) == 2  # one forward pass served both workers
     z = results[0].trajectory.proprio[:, 2]
     assert z[-1] < z[0] - 0.02  # the end effector really moved down
     assert results[0].trajectory.attrs["policy_id"] == "external"
+
+
+class RecordingPolicy(ConstantPolicy):
+    """Remembers which episodes each forward pass served."""
+
+    def __init__(self):
+        super().__init__()
+        self.served = []
+
+    def act(self, observations):
+        self.served.append([o.spec.tag for o in observations])
+        return super().act(observations)
+
+
+def test_a_worker_keeps_two_episodes_in_flight_and_they_run_as_with_one():
+    specs = SPECS[:2]
+    one_slot = _run(1, policy=ConstantPolicy(), specs=specs, episodes_per_worker=1)
+    policy = RecordingPolicy()
+    two_slots = _run(1, policy=policy, specs=specs, episodes_per_worker=2)
+    calls = [tag for batch in policy.served for tag in batch]
+    first_of = {t: calls.index(t) for t in (0, 1)}
+    last_of = {t: len(calls) - 1 - calls[::-1].index(t) for t in (0, 1)}
+    # both episodes were in flight at once in the one worker: neither waited for the other to end
+    assert first_of[1] < last_of[0] and first_of[0] < last_of[1]
+    for a, b in zip(one_slot, two_slots):
+        assert a.spec == b.spec and a.worker == b.worker == 0
+        np.testing.assert_array_equal(a.trajectory.actions, b.trajectory.actions)
+        np.testing.assert_array_equal(a.trajectory.states, b.trajectory.states)
+        np.testing.assert_array_equal(a.trajectory.main, b.trajectory.main)
 
 
 def test_worker_errors_reach_the_caller():

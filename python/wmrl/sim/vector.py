@@ -12,12 +12,13 @@ Two ways to drive the episodes:
 * a **step policy** by name (``"expert"``, ``"random"``) runs inside each worker and acts
   every physics step; the worker runs whole episodes on its own, no round trips.
 * a **chunk policy** object (``act(list[Observation]) -> (B, chunk, 7)``) runs in the parent:
-  one batched forward pass serves every worker whose observation is ready.
+  one batched forward pass serves every episode whose observation is ready. Each worker
+  keeps two such episodes in flight, so it steps one while the other waits for its actions.
 
 Results arrive as ``EpisodeResult``s in completion order (sort by ``spec`` if order
 matters); each carries the full ``Trajectory`` when ``record=True``. Episodes are a pure
 function of their ``EpisodeSpec`` (task, initial state or reset seed, policy seed), so the
-worker count never changes what happens in an episode.
+worker count (and episodes per worker) never changes what happens in an episode.
 """
 
 from __future__ import annotations
@@ -210,60 +211,80 @@ class _Worker:
 
 
 def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int, action_noise: float, max_envs: int) -> None:
+                 frame_interval: int, action_noise: float, max_envs: int, slots: int) -> None:
+    """Serve the parent's commands, each tagged with a slot: ``(cmd, slot, arg)``. A slot is one
+    episode in flight with its own envs; commands run in the order they arrive, so while the
+    parent computes one slot's actions the worker steps another slot's physics."""
     from wmrl.gl import configure_renderer
 
     try:
         configure_renderer(cfg.renderer)
-        worker = _Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs)
+        runners = [_Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs)
+                   for _ in range(slots)]
         while True:
-            cmd, arg = conn.recv()
+            cmd, slot, arg = conn.recv()
+            worker = runners[slot]
             if cmd == "run":
-                conn.send(("done", worker.run_episode(arg)))
+                conn.send(("done", slot, worker.run_episode(arg)))
             elif cmd == "reset":
-                conn.send(("obs", worker.start(arg)))
+                conn.send(("obs", slot, worker.start(arg)))
             elif cmd == "step":
                 obs, done = worker.step_chunk(arg)
-                conn.send(("done", worker.result()) if done else ("obs", obs))
+                conn.send(("done", slot, worker.result()) if done else ("obs", slot, obs))
             elif cmd == "close":
                 break
     except (EOFError, KeyboardInterrupt):
         pass
     except BaseException:
         try:
-            conn.send(("error", f"worker {index}:\n{traceback.format_exc()}"))
+            conn.send(("error", 0, f"worker {index}:\n{traceback.format_exc()}"))
         except (BrokenPipeError, OSError):
             pass
     finally:
-        if "worker" in locals():
+        for worker in locals().get("runners", []):
             for env in worker.envs.values():
                 env.close()
 
 
 # ------------------------------------------------------------------------------------ pool
+EPISODES_PER_WORKER = 2  # chunk-policy episodes in flight per worker; see SimulatorPool
+
+
 class SimulatorPool:
-    """``with SimulatorPool(cfg, workers=2, step_policy="expert") as pool: pool.run(source)``"""
+    """``with SimulatorPool(cfg, workers=2, step_policy="expert") as pool: pool.run(source)``
+
+    With a chunk policy each worker keeps ``episodes_per_worker`` episodes in flight (slots,
+    each with its own envs): while the parent computes the actions of one slot's chunk, the
+    worker steps another slot's physics. With one slot a worker waits for every forward pass
+    (on one H200 host, 16 workers computed only 71% of their episode time). A step policy runs
+    inside the worker and never waits, so it uses one slot.
+    """
 
     def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
                  policy_id: str = "external", record: bool = False, frame_interval: int = 0,
-                 action_noise: float = 0.0, max_envs: int = 1):
+                 action_noise: float = 0.0, max_envs: int = 1, episodes_per_worker: int = EPISODES_PER_WORKER):
         from wmrl.gl import configure_renderer
 
+        if episodes_per_worker < 1:
+            raise ValueError(f"episodes_per_worker must be at least 1, got {episodes_per_worker}")
         configure_renderer(cfg.renderer)  # fails here, with the fix, if the GL library is missing
         self.cfg = cfg
         self.step_policy = step_policy
+        self.slots = 1 if step_policy is not None else episodes_per_worker
         ctx = mp.get_context("spawn")
         self._conns, self._procs = [], []
         for i in range(max(1, workers)):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, daemon=True,
-                            args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs))
+                            args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise,
+                                  max_envs, self.slots))
             p.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(p)
-        # the tasks each worker holds an env for, most recently used first (mirrors _Worker._env_for)
-        self._tasks_of: dict[int, list[int]] = {i: [] for i in range(len(self._conns))}
+        # the tasks each (worker, slot) holds an env for, most recently used first (mirrors _Worker._env_for)
+        self._tasks_of: dict[tuple[int, int], list[int]] = {
+            (w, s): [] for w in range(len(self._conns)) for s in range(self.slots)}
         self.max_envs = max(1, max_envs)
         self.batch_window_s = 0.01  # how long a ready observation waits for others to batch with
 
@@ -280,7 +301,7 @@ class SimulatorPool:
     def close(self) -> None:
         for c in self._conns:
             try:
-                c.send(("close", None))
+                c.send(("close", 0, None))
             except (BrokenPipeError, OSError):
                 pass
         for p in self._procs:
@@ -290,20 +311,21 @@ class SimulatorPool:
         self._conns, self._procs = [], []
 
     def _recv(self, w: int):
+        """The next message of worker ``w``: (kind, slot, payload)."""
         try:
-            kind, payload = self._conns[w].recv()
+            kind, slot, payload = self._conns[w].recv()
         except (EOFError, ConnectionResetError):
             raise WorkerError(f"simulator worker {w} died (exit code {self._procs[w].exitcode})") from None
         if kind == "error":
             raise WorkerError(payload)
-        return kind, payload
+        return kind, slot, payload
 
-    def _assign(self, w: int, source: EpisodeSource, cmd: str) -> EpisodeSpec | None:
-        spec = source.next(tuple(self._tasks_of[w]))
+    def _assign(self, w: int, slot: int, source: EpisodeSource, cmd: str) -> EpisodeSpec | None:
+        spec = source.next(tuple(self._tasks_of[w, slot]))
         if spec is not None:
-            held = [spec.task_index] + [t for t in self._tasks_of[w] if t != spec.task_index]
-            self._tasks_of[w] = held[: self.max_envs]
-            self._conns[w].send((cmd, spec))
+            held = [spec.task_index] + [t for t in self._tasks_of[w, slot] if t != spec.task_index]
+            self._tasks_of[w, slot] = held[: self.max_envs]
+            self._conns[w].send((cmd, slot, spec))
         return spec
 
     def run(self, source: EpisodeSource, policy=None) -> Iterator[EpisodeResult]:
@@ -316,54 +338,61 @@ class SimulatorPool:
             yield from self._run_batched(source, policy)
 
     def _run_in_workers(self, source: EpisodeSource) -> Iterator[EpisodeResult]:
-        busy = {w for w in range(self.num_workers) if self._assign(w, source, "run") is not None}
+        busy = {w for w in range(self.num_workers) if self._assign(w, 0, source, "run") is not None}
         while busy:
             ready = wait([self._conns[w] for w in busy])
             for w in [w for w in busy if self._conns[w] in ready]:
-                _, result = self._recv(w)
+                _, _, result = self._recv(w)
                 source.on_result(result)
                 yield result
-                if self._assign(w, source, "run") is None:
+                if self._assign(w, 0, source, "run") is None:
                     busy.discard(w)
 
     def _run_batched(self, source: EpisodeSource, policy) -> Iterator[EpisodeResult]:
-        """Batched chunk policy: one forward pass for every worker whose observation is ready.
+        """Batched chunk policy: one forward pass for every slot whose observation is ready.
 
         Not a strict lockstep: a worker that builds an env for a new task (4-6 s) or runs a
         slow chunk must not hold up the others, so the parent acts on whoever is ready,
         after waiting ``batch_window_s`` for stragglers to join the batch. While one batch's
-        workers step the physics, the next batch's forward pass runs.
+        slots step the physics, the next batch's forward pass runs.
         """
-        busy = {w for w in range(self.num_workers) if self._assign(w, source, "reset") is not None}
-        ready_obs: dict[int, object] = {}
-        while busy or ready_obs:
-            conns = {self._conns[w]: w for w in busy}
+        pending = {w: 0 for w in range(self.num_workers)}  # commands sent to w and not answered yet
+        for slot in range(self.slots):  # slot 0 of every worker first: each starts work at once
+            for w in range(self.num_workers):
+                if self._assign(w, slot, source, "reset") is not None:
+                    pending[w] += 1
+        ready_obs: dict[tuple[int, int], object] = {}
+        while any(pending.values()) or ready_obs:
+            conns = {self._conns[w]: w for w, n in pending.items() if n}
             if conns and not ready_obs:
                 wait(list(conns))  # block for the first one
             if conns:
                 deadline = time.perf_counter() + self.batch_window_s
                 while True:  # gather everyone ready now or within the window
                     for c in wait(list(conns), timeout=0):
-                        w = conns.pop(c)
-                        busy.discard(w)
-                        kind, payload = self._recv(w)
+                        w = conns[c]
+                        kind, slot, payload = self._recv(w)
+                        pending[w] -= 1
+                        if not pending[w]:
+                            del conns[c]
                         if kind == "obs":
-                            ready_obs[w] = payload
+                            ready_obs[w, slot] = payload
                             continue
                         source.on_result(payload)
                         yield payload
-                        if self._assign(w, source, "reset") is not None:
-                            busy.add(w)  # its first observation comes with a later batch
+                        if self._assign(w, slot, source, "reset") is not None:
+                            pending[w] += 1  # its first observation comes with a later batch
+                            conns[c] = w
                     left = deadline - time.perf_counter()
                     if not conns or left <= 0 or not wait(list(conns), timeout=left):
                         break
             if not ready_obs:
                 continue
-            ws = sorted(ready_obs)
-            actions = np.asarray(policy.act([ready_obs[w] for w in ws]), dtype=np.float32)
-            if actions.ndim != 3 or actions.shape[0] != len(ws) or actions.shape[2] != 7:
-                raise ValueError(f"policy returned actions of shape {actions.shape}; expected ({len(ws)}, chunk, 7)")
-            for i, w in enumerate(ws):
-                self._conns[w].send(("step", actions[i]))
-                busy.add(w)
+            keys = sorted(ready_obs)
+            actions = np.asarray(policy.act([ready_obs[k] for k in keys]), dtype=np.float32)
+            if actions.ndim != 3 or actions.shape[0] != len(keys) or actions.shape[2] != 7:
+                raise ValueError(f"policy returned actions of shape {actions.shape}; expected ({len(keys)}, chunk, 7)")
+            for i, (w, slot) in enumerate(keys):
+                self._conns[w].send(("step", slot, actions[i]))
+                pending[w] += 1
             ready_obs.clear()
