@@ -307,7 +307,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"usage: python3 bench/gpu.py {{{'|'.join(PHASES)}|wait}}[+PHASE...] NAME=VALUE ...")
     global PROFILE
     phase, v = argv[0], variables(argv[1:])
-    PROFILE = v.get("PROFILE", "speedrun" if phase == "speedrun" else "default")
+    # a chain with speedrun in it (sim+speedrun) is a speedrun too: one profile for the whole chain
+    PROFILE = v.get("PROFILE", "speedrun" if "speedrun" in phase.split("+") else "default")
     if phase == "wait":
         return wait(v)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ def main(args, manifest: Path) -> int:
                         cat(val, "success") if val else torch.zeros(0, dtype=torch.bool), cfg, out, lineage,
                         progress=not args.no_progress, generated=generated)
     print(json.dumps({k: meta[k] for k in ("threshold", "calibrated_on", "frame_threshold", "val_generated_episodes",
-                                           "val_balanced_accuracy_real",
+                                           "val_frame_balanced_accuracy", "val_balanced_accuracy_real",
                                            "val_balanced_accuracy_generated", "train_frames", "train_generated_frames",
                                            "train_success_frames")}))
     return 0

@@ -120,6 +120,13 @@ def world_models(pair: Path, run: Path) -> list[Block]:
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],
         ["reward balanced accuracy, real frames", r.get("balanced_accuracy_real", "-")],
         ["reward balanced accuracy, imagined frames", r.get("balanced_accuracy_imagined", "-")]]))
+    reward_meta = pair / "reward" / "config.json"
+    if reward_meta.exists():
+        from wmrl.worldmodel.reward import no_signal_warning
+
+        warning = no_signal_warning(json.loads(reward_meta.read_text()))
+        if warning:
+            out.append(("p", f"Warning: {warning}"))
     hz = d.get("horizons") or {}
     if hz:
         out.append(("table", ["chunks ahead", "PSNR main (static)", "PSNR wrist (static)", "SSIM main"],

@@ -56,8 +56,10 @@ def test_throughput_says_how_long_the_workers_waited_for_the_policy(random_eval,
     slow = evaluate(SlowChunkPolicy(), sim=SIM, cfg=CFG, out_dir=tmp_path, progress=False)
     # 16 steps = 2 chunks: two calls per episode (after the reset, after the first chunk)
     assert all(e["wall_s"] - e["busy_s"] >= 0.4 for e in slow.results["episodes"])
-    busy = slow.results["throughput_this_run"]["worker_busy_share"]
-    assert busy < tp["worker_busy_share"] and "waited for the policy" in format_throughput(slow.results["throughput_this_run"])
+    slow_tp = slow.results["throughput_this_run"]
+    assert slow_tp["worker_busy_share"] < tp["worker_busy_share"]
+    assert 0 < slow_tp["worker_utilisation"] <= 1 and 0 < tp["worker_utilisation"] <= 1
+    assert "waited for the policy" in format_throughput(slow_tp)
 
 
 def test_finished_results_are_not_overwritten(random_eval):

@@ -183,11 +183,14 @@ def evaluate(policy, *, sim: SimConfig, cfg: EvalConfig, out_dir: str | os.PathL
 
 
 def throughput(episodes: list[dict], wall: float, workers: int) -> dict:
-    """Environment steps per second of the episodes this call ran, and the share of the
-    workers' episode time spent computing (the rest: waiting for the policy's actions).
-    A busy share well below 1 says the policy, not the physics, sets the pace."""
+    """Environment steps per second of the episodes this call ran, and how busy the worker
+    processes were: ``worker_utilisation`` is the share of their time spent computing (env
+    builds, resets, physics, cameras); the rest they waited for the policy's actions. Well
+    below 1 says the policy, not the physics, sets the pace. (``worker_busy_share``, computing
+    time over episode time, is ~1/2 at best when each worker holds two episodes in flight.)"""
     steps, busy, ep_wall = (sum(e.get(k, 0) for e in episodes) for k in ("steps", "busy_s", "wall_s"))
     return {"episodes": len(episodes), "env_steps": steps, "steps_per_s": round(steps / max(wall, 1e-9), 1),
+            "worker_utilisation": round(busy / max(wall * workers, 1e-9), 3),
             "worker_busy_share": round(busy / ep_wall, 3) if ep_wall else None,
             "worker_occupancy": round(ep_wall / max(wall * workers, 1e-9), 3)}
 
@@ -196,10 +199,8 @@ def format_throughput(tp: dict) -> str:
     """One line for people: steps per second and how busy the workers were."""
     if not tp.get("episodes"):
         return "throughput: no episode ran in this call (all were done earlier)"
-    busy = tp.get("worker_busy_share")
     return (f"throughput: {tp['env_steps']} env steps of {tp['episodes']} episodes at {tp['steps_per_s']} steps/s; "
-            f"workers computing {busy:.0%} of their episode time (the rest waited for the policy)" if busy is not None
-            else f"throughput: {tp['steps_per_s']} steps/s")
+            f"workers computing {tp['worker_utilisation']:.0%} of the time (the rest they waited for the policy)")
 
 
 def _episode_record(result: EpisodeResult, fingerprint: str) -> dict:

@@ -223,8 +223,16 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
                     "balanced_accuracy": balanced_accuracy(peak >= threshold, real),
                     "imagined_successes_at_frame_threshold": int((peak >= frame_threshold).sum())}
     model.threshold.fill_(threshold)
+
+    def frame_accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float | None:
+        return balanced_accuracy(probs >= frame_threshold, labels) if len(probs) else None
+
+    # single frames at the frame threshold: high on real frames and low on generated ones says
+    # the world models, not the reward model, lose the success
+    frames = {"real": frame_accuracy(real_probs, val_labels), "generated": frame_accuracy(gen_probs, gen_val[1])}
     meta = {"threshold": threshold, "calibrated_on": calibrated_on, "val_balanced_accuracy": bal_acc,
-            "frame_threshold": frame_threshold, "val_generated_episodes": episodes,
+            "frame_threshold": frame_threshold, "val_frame_balanced_accuracy": frames,
+            "val_generated_episodes": episodes,
             "val_balanced_accuracy_real": balanced_accuracy(real_probs >= threshold, val_labels) if len(val_frames) else None,
             "val_balanced_accuracy_generated": balanced_accuracy(gen_probs >= threshold, gen_val[1]) if len(gen_val[0])
             else None, "val_frames": len(val_frames), "val_generated_frames": len(gen_val[0]),
@@ -232,6 +240,34 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
             "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()),
             "wall_s": round(time.perf_counter() - t0, 1), **lineage}
     model.save_pretrained(out, meta=meta)
+    warning = no_signal_warning(meta)
+    if warning:
+        print(f"[reward] warning: {warning}", flush=True)
     return meta
+
+
+NO_SIGNAL_BELOW = 0.6  # episode balanced accuracy under which imagined rewards are close to coin flips
+
+
+def no_signal_warning(meta: dict) -> str | None:
+    """A sentence for people when the reward cannot tell imagined successes from failures on
+    the validation episodes (GRPO in such a pair learns nothing), with the likely culprit."""
+    episodes = meta.get("val_generated_episodes") or {}
+    bal = episodes.get("balanced_accuracy")
+    if bal is None or bal >= NO_SIGNAL_BELOW:
+        return None
+    frames = meta.get("val_frame_balanced_accuracy") or {}
+    real, gen = frames.get("real"), frames.get("generated")
+    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+    if real is None:
+        culprit = "compare the reward's accuracy on real frames with the world models' fidelity to find the culprit"
+    elif real >= 0.8:
+        culprit = "the world models lose what success looks like: train them longer (more wm steps or --max-minutes)"
+    else:
+        culprit = "the reward model does not learn success even on real frames: train it longer (reward steps)"
+    return (f"on the validation episodes' imagined rollouts the reward tells success from failure with balanced "
+            f"accuracy {bal:.2f} (chance is 0.5; {episodes.get('real_successes')} real and "
+            f"{episodes.get('imagined_successes')} imagined successes of {episodes.get('episodes')}), so GRPO in "
+            f"this pair gets little or no signal. Single frames: {fmt(real)} real, {fmt(gen)} generated; {culprit}.")
 
 
