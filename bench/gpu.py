@@ -15,6 +15,8 @@ returns only a few files).
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
+    python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
+                               (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=...]   (make speedrun's stages;
@@ -37,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -83,7 +86,9 @@ def machine(env: dict) -> dict:
             "for m in ('mujoco', 'robosuite', 'deepspeed'):\n    try:\n        out[m] = __import__(m).__version__\n"
             "    except Exception:\n        out[m] = 'absent'\nprint(json.dumps(out))")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env)
-    info["versions"] = json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-300:]}
+    # the JSON is the last line: importing DeepSpeed without a GPU prints a warning on stdout first
+    last = (r.stdout.strip().splitlines() or [""])[-1]
+    info["versions"] = json.loads(last) if r.returncode == 0 else {"error": r.stderr[-300:]}
     info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     return info
 
@@ -208,6 +213,20 @@ def phase_wm(v: dict, env: dict) -> None:
     pack(Path(run), "wm")
 
 
+def phase_wmspeed(v: dict, env: dict) -> None:
+    """What each world-model training speed option buys (bench/wm_throughput.py --variants)
+    at each micro batch, with a torch.profiler table per variant (OUT/wm_ops_<micro>_<variant>.txt;
+    the Chrome traces stay in RUN/wm_trace_<micro>)."""
+    run = v.get("RUN", "runs/h200")
+    for micro in v.get("MICROS", "16,64").split(","):
+        trace = Path(run) / f"wm_trace_{micro}"
+        stage(f"wm_speed_{micro}", "bench/wm_throughput.py",
+              ["--variants", v.get("VARIANTS", "eager,channels_last,compile,channels_last+compile"), "--micro-batch",
+               micro, "--skip-imagination", "--trace", trace, "--json", OUT / f"wm_speed_{micro}.json"], env)
+        for table in sorted(trace.glob("*/top_ops.txt")):
+            shutil.copy(table, OUT / f"wm_ops_{micro}_{table.parent.name}.txt")
+
+
 def phase_rank(v: dict, env: dict) -> None:
     """Imagined vs real success of several policies in RUN's pair (make wm-rank)."""
     run = v.get("RUN", "runs/h200")
@@ -275,7 +294,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 
 PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
-          "sim": phase_sim, "speedrun": phase_speedrun,
+          "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
           "bimanual": phase_bimanual}
 
 

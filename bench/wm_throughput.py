@@ -3,6 +3,8 @@
     python bench/wm_throughput.py                                # default profile, GPU if present
     python bench/wm_throughput.py --sim-json out/throughput.json # ratio to the real simulator
     python bench/wm_throughput.py --profile tiny --train-steps 3 --batch 4   # CPU smoke run
+    python bench/wm_throughput.py --variants eager,channels_last,compile,channels_last+compile \
+        --micro-batch 64 --trace runs/wm_trace --skip-imagination      # what each speed option buys
 
 * Training: the main-view model through the same DeepSpeed engine as ``make wm-update``
   (bf16 and ZeRO from data/worldmodel/ds_gpu.json on a GPU), on synthetic inputs of the
@@ -70,24 +72,30 @@ def flops_per_sample(model, cfg, device) -> float:
     return fc.get_total_flops() / 2
 
 
-def bench_training(prof, args, device) -> dict:
+VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile")
+
+
+def bench_training(prof, args, device, variant: str = "eager") -> dict:
+    """Training samples/s (and MFU) of the main-view model with ``variant``'s speed options
+    (``WMTrainConfig.channels_last`` / ``compile``: the same model and loss, other kernels)."""
     import deepspeed
     import torch
+    from wmrl.config import override
     from wmrl.worldmodel.model import FrameWorldModel
-    from wmrl.worldmodel.train import Objective, ds_config, init_distributed
+    from wmrl.worldmodel.train import Objective, ds_config, init_distributed, speed_up
 
     on_gpu = device.type == "cuda"
     cfg = prof.main
-    t = prof.train
-    if args.micro_batch:
-        from wmrl.config import override
-
-        t = override(t, micro_batch=args.micro_batch)
+    options = set(variant.split("+")) - {"eager"}
+    if options - {"channels_last", "compile"}:
+        raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    t = override(prof.train, channels_last="channels_last" in options, compile="compile" in options,
+                 **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
     torch.manual_seed(0)
     model = FrameWorldModel(cfg).to(device)
     fps = flops_per_sample(model, cfg, device)
     init_distributed(on_gpu)
-    engine, *_ = deepspeed.initialize(model=Objective(model, 1.0), model_parameters=model.parameters(),
+    engine, *_ = deepspeed.initialize(model=speed_up(Objective(model, 1.0), t), model_parameters=model.parameters(),
                                       config=ds_config(t.ds_config_gpu if on_gpu else t.ds_config_cpu, t, on_gpu, 1))
     mb, acc = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     batch = _inputs(cfg, mb, device)
@@ -98,15 +106,40 @@ def bench_training(prof, args, device) -> dict:
             engine.backward(loss)
             engine.step()
 
+    t0 = time.perf_counter()
+    update()  # the first update compiles (when asked): timed apart
+    _sync(device)
+    first = time.perf_counter() - t0
     wall = _timed(update, args.warmup, args.train_steps, device)
     sps = args.train_steps * acc * mb / wall
-    out = {"micro_batch": mb, "grad_accum": acc, "updates": args.train_steps, "wall_s": round(wall, 2),
-           "samples_per_s": round(sps, 1), "gflops_per_sample": round(fps / 1e9, 2),
+    out = {"variant": variant, "micro_batch": mb, "grad_accum": acc, "updates": args.train_steps,
+           "wall_s": round(wall, 2), "first_update_s": round(first, 1), "samples_per_s": round(sps, 1),
+           "gflops_per_sample": round(fps / 1e9, 2),
            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
            "precision": "bf16" if on_gpu else "fp32"}
     if args.peak_tflops:
         out["mfu"] = round(sps * fps / (args.peak_tflops * 1e12), 4)
+    if args.trace:
+        out["trace"] = profile_updates(update, device, Path(args.trace) / variant)
     return out
+
+
+def profile_updates(update, device, folder: Path, updates: int = 3) -> dict:
+    """torch.profiler over a few updates: the operators that take the time (a table a person
+    reads, sorted by device time on a GPU) and a Chrome trace (chrome://tracing, Perfetto)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        for _ in range(updates):
+            update()
+        _sync(device)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=30)
+    (folder / "top_ops.txt").write_text(table)
+    prof.export_chrome_trace(str(folder / "trace.json"))
+    return {"top_ops": str(folder / "top_ops.txt"), "chrome_trace": str(folder / "trace.json"), "updates": updates}
 
 
 def bench_imagination(prof, args, device) -> dict:
@@ -194,6 +227,10 @@ def main() -> None:
     p.add_argument("--closed-loop", default="", help="batch sizes (e.g. 64,256,1024) of imagination with the policy in "
                                                       "the loop")
     p.add_argument("--skip-training", action="store_true", help="no training figures (no DeepSpeed needed)")
+    p.add_argument("--variants", default="eager", help=f"training speed options to compare, comma-separated: "
+                                                        f"{', '.join(VARIANTS)}")
+    p.add_argument("--skip-imagination", action="store_true")
+    p.add_argument("--trace", help="folder: a torch.profiler table and Chrome trace of each variant's updates")
     args = p.parse_args()
     import torch
     from wmrl.config import get_profile
@@ -209,11 +246,12 @@ def main() -> None:
                "image_size": prof.main.image_size}
     result = {"machine": machine}
     if not args.skip_training:
-        result["training"] = bench_training(prof, args, device)
-    result["imagination"] = bench_imagination(prof, args, device)
+        result["training"] = [bench_training(prof, args, device, v) for v in args.variants.split(",")]
+    if not args.skip_imagination:
+        result["imagination"] = bench_imagination(prof, args, device)
     if args.closed_loop:
         result["closed_loop"] = [bench_closed_loop(prof, args, device, int(b)) for b in args.closed_loop.split(",")]
-    if args.sim_json:
+    if args.sim_json and "imagination" in result:
         rows = json.loads(Path(args.sim_json).read_text())["rows"]
         real = [r["aggregate_steps_per_s"] for r in rows if r["mode"] == "cameras@chunk" and r["size"] == prof.main.image_size]
         if real:

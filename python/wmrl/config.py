@@ -349,6 +349,11 @@ class WMTrainConfig:
     val_batches: int = 4
     proprio_loss_weight: float = 1.0
     seed: int = 20261021  # the seed's cycle seed
+    # NHWC activations for the U-Net's convolutions (speed only: the same model and loss; off
+    # until bench/wm_throughput.py --variants shows the gain on a GPU)
+    channels_last: bool = False
+    # torch.compile of the loss (speed only); the first updates compile, ~1 min
+    compile: bool = False
     ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
     ds_config_gpu: str = "data/worldmodel/ds_gpu.json"
 

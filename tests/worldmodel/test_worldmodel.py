@@ -96,6 +96,26 @@ def test_model_shapes_loss_and_batched_generation(trajectories):
     torch.testing.assert_close(one, frame[:1], atol=1e-5, rtol=1e-4)  # a batch is independent samples
 
 
+def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
+    """channels_last and torch.compile are for speed: the same frames (up to rounding) and the
+    same state_dict keys, so checkpoints and exported weights do not depend on them."""
+    from wmrl.config import override
+    from wmrl.worldmodel.train import Objective, speed_up
+
+    torch.manual_seed(0)
+    cfg = TINY.main
+    model = FrameWorldModel(cfg)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
+    eager, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
+    keys = list(model.state_dict())
+    objective = speed_up(Objective(model, 1.0), override(TINY.train, channels_last=True, compile=True))
+    assert model.channels_last and list(objective.model.state_dict()) == keys
+    nhwc, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(nhwc, eager, atol=1e-4, rtol=1e-4)
+    assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
+
+
 def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
     """DeepSpeed's bf16 mode casts the weights; float32 inputs must still work."""
     torch.manual_seed(0)

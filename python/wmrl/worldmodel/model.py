@@ -152,6 +152,16 @@ class FrameWorldModel(Pretrained, nn.Module):
         self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
                                           nn.Linear(h, cfg.proprio_dim))
 
+    channels_last = False  # a runtime layout choice, not part of the saved config
+
+    def use_channels_last(self) -> "FrameWorldModel":
+        """NHWC activations for the U-Net: cuDNN's bf16 convolutions on tensor cores prefer
+        them, and a convolution follows its input's layout. The parameters keep theirs:
+        DeepSpeed views them as flat bytes (broadcast, bf16 optimizer), which NHWC strides
+        break. Results are the same up to rounding; only speed changes."""
+        self.channels_last = True
+        return self
+
     def set_proprio_stats(self, stats: dict) -> None:
         self.proprio_mean.copy_(stats["mean"])
         self.proprio_std.copy_(stats["std"])
@@ -182,6 +192,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         c_noise = torch.log(sigma) / 4
         cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1))
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return c_skip * noisy + c_out * self.unet(x, cond)
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:

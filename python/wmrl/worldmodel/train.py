@@ -150,6 +150,16 @@ class Objective(torch.nn.Module):
             return self.model.loss(target, frames, actions, proprio, next_proprio, self.proprio_weight)
 
 
+def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
+    """The training config's speed options, in place (parameter names, hence checkpoints and
+    exported weights, stay as they are): NHWC layout and ``torch.compile`` of the loss."""
+    if t.channels_last:
+        objective.model.use_channels_last()
+    if t.compile:
+        objective.compile()
+    return objective
+
+
 def _load_data(job: WMJob, device):
     """Manifest (hashes verified first) -> training and validation transitions."""
     from wmrl.data.manifest import load_manifest
@@ -249,7 +259,7 @@ def init_state(job: WMJob) -> WMState:
     model = FrameWorldModel(job.model)
     if job.init_pair is not None and not (ckpt_dir / "latest").exists():
         init_from_pair(model, job.init_pair, job.view)  # the previous cycle's model, updated on the new data
-    engine, _, _, _ = deepspeed.initialize(model=Objective(model, t.proprio_loss_weight),
+    engine, _, _, _ = deepspeed.initialize(model=speed_up(Objective(model, t.proprio_loss_weight), t),
                                            model_parameters=model.parameters(), config=ds_cfg)
     stats = {k: v.to(device) for k, v in proprio_stats(train).items()}
     sampler = MixedSampler(train.is_new, manifest["new_ratio"], seed=t.seed * 1000 + rank)
