@@ -6,8 +6,8 @@ whole tiny cycle runs in ``make demo``.
     python tests/fake_stage.py python/collect.py --run R --out DIR ...
 
 FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to be killed);
-FAKE_SLOW=<stem> takes 3 s and appends "<stem>-end" when done; every call is appended to
-FAKE_CALLS (one line: the script's stem)."""
+FAKE_SLOW=<stem>[:seconds],... takes that long (3 s) and appends "<stem>-end" when done;
+every call is appended to FAKE_CALLS (one line: the script's stem)."""
 
 import json
 import os
@@ -73,8 +73,9 @@ def main(argv):
         ev.parent.mkdir(parents=True, exist_ok=True)
         ev.write_text(json.dumps({"summary": {"successes": target, "trials": 50, "success_rate": target / 50,
                                               "per_task": {"0": {"success_rate": target / 50}}}}))
-    if os.environ.get("FAKE_SLOW") == script:
-        time.sleep(3)
+    slow = dict((item.split(":") + ["3"])[:2] for item in os.environ.get("FAKE_SLOW", "").split(",") if item)
+    if script in slow:
+        time.sleep(float(slow[script]))
         with open(os.environ["FAKE_CALLS"], "a") as f:
             f.write(script + "-end\n")
     return 0

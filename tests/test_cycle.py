@@ -114,6 +114,16 @@ def test_the_start_policy_is_evaluated_while_the_world_models_train_and_grpo_wai
     assert st["done"] and st["seconds"] >= 3
 
 
+def test_a_background_stage_records_its_own_time_not_when_the_cycle_looked(tmp_path, calls, monkeypatch):
+    """The cycle joins the background evaluation only before GRPO; its recorded seconds are
+    still its own (on the H200 the record said 369 s for a 201 s evaluation)."""
+    run = new_run(tmp_path)
+    monkeypatch.setenv("FAKE_SLOW", "evaluate:0.5,wm_update:6")
+    main(job(run))
+    st = load_state(run)["cycles"]["1"]["stages"]
+    assert 0.5 <= st["evaluate_start"]["seconds"] < 4 <= st["wm_update"]["seconds"]
+
+
 def test_a_failed_background_stage_stops_the_cycle_before_grpo(tmp_path, calls, monkeypatch):
     run = new_run(tmp_path)
     monkeypatch.setenv("FAKE_FAIL", "evaluate")

@@ -396,7 +396,7 @@ class RewardConfig:
     # They join the training frames, and the threshold is calibrated on the validation episodes' for
     # GRPO's decision: episode success once any generated frame reaches it. 0: real frames only.
     generated_horizon: int = 30  # chunks imagined per episode (a whole 240-step episode)
-    generated_batch: int = 32  # episodes imagined at once
+    generated_batch: int = 128  # episodes imagined at once (bf16 on a GPU; at 32, 10,123 frames took 105 s on an H200)
 
     def __post_init__(self) -> None:
         if not self.channels or any(c < 1 for c in self.channels):
@@ -649,18 +649,23 @@ _PROFILES: dict[str, Profile] = {
                               window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),
     # `make speedrun` on one H200 (16 cores): the default models and algorithms, fewer of what
-    # the clock is spent on. Measured (bench/RESULTS.md, "make speedrun on one H200"): 22.7 min
-    # from nothing - 300 demonstrations 142 s, SFT 3,000 x 256 224 s, 200 collected episodes
-    # 127 s, 500 world-model updates per view 310 s (both views on the GPU while the start
-    # policy's 10 x 50 evaluation runs on the CPU cores), reward 115 s, GRPO's 10 steps in
-    # imagination ~90 s and the final 10 x 50 evaluation 259 s. GRPO evaluates only at its last
-    # step here (a 50-episode evaluation at step 5 cost 45 s and says little).
+    # the clock is spent on. Measured (bench/RESULTS.md, "make speedrun on one H200" and its
+    # rerun): 300 demonstrations 142 s, SFT 3,000 x 256 224 s, 200 collected episodes 97 s,
+    # 500 world-model updates per view 310 s at micro batch 16 x 4 (both views on the GPU
+    # while the start policy's 10 x 50 evaluation runs on the CPU cores), reward 115-138 s,
+    # GRPO's 10 steps in imagination ~120 s and the final 10 x 50 evaluation 181 s: ~21 min.
+    # GRPO evaluates only at its last step here (a 50-episode evaluation at step 5 cost 45 s
+    # and says little).
     "speedrun": Profile(
         name="speedrun",
         demos=DemoConfig(episodes=30),
         collect=CollectConfig(episodes=20),
         sft=SFTConfig(steps=3000, warmup=300, save_interval=1000, full_interval=1000),
-        wm=WMProfile(train=WMTrainConfig(steps=500, save_interval=250, eval_interval=250)),
+        # micro batch 64 without accumulation: the same 64 samples per update in fewer, larger
+        # kernels; both views on one H200 trained at 197.9 / 193.6 samples/s each against
+        # 156.3 / 156.8 at 16 x 4 (bench/RESULTS.md, world models)
+        wm=WMProfile(train=WMTrainConfig(steps=500, micro_batch=64, grad_accum=1, save_interval=250,
+                                         eval_interval=250)),
         reward=RewardConfig(steps=500),
         grpo=GRPOConfig(eval_interval=10),
         cycle=CycleConfig(grpo_steps=10),

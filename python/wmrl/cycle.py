@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,11 +291,11 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
     logs = RunLayout(job.run).logs / "cycle"
     logs.mkdir(parents=True, exist_ok=True)
     log = lambda st: logs / f"cycle_{n}_{st.name}.log"  # noqa: E731
-    pending: dict = {}  # name -> (stage, process, start time) of running background stages
+    pending: dict = {}  # name -> (stage, process, start time, end) of running background stages
 
-    def ended(st: Stage, rc: int, t0: float) -> None:
+    def ended(st: Stage, rc: int, t0: float, t1: float | None = None) -> None:
         srec = rec["stages"][st.name]
-        srec["seconds"] = round(srec["seconds"] + time.time() - t0, 1)
+        srec["seconds"] = round(srec["seconds"] + (t1 or time.time()) - t0, 1)
         write_json(state_path(job.run), state)
         if rc != 0:
             raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}); its log: {log(st)}. Fix the cause and rerun "
@@ -312,11 +313,25 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
             build_report(job)
 
     def join(name: str) -> None:
-        st, proc, t0 = pending.pop(name)
+        st, proc, t0, end = pending.pop(name)
         print(f"[cycle {n}/{job.cycles}] waiting for {name} (background; its log: {log(st)})", flush=True)
-        ended(st, proc.wait(), t0)
-        print(f"[cycle {n}/{job.cycles}] {name}: finished in {time.time() - t0:.0f} s", flush=True)
+        rc = proc.wait()
+        end["thread"].join()
+        ended(st, rc, t0, end["time"])
+        print(f"[cycle {n}/{job.cycles}] {name}: finished in {end['time'] - t0:.0f} s", flush=True)
         finished(st)
+
+    def watch(proc) -> dict:
+        """When the background child really ended: the cycle only looks at it between stages."""
+        end: dict = {}
+
+        def wait() -> None:
+            proc.wait()
+            end["time"] = time.time()
+
+        end["thread"] = threading.Thread(target=wait, daemon=True)
+        end["thread"].start()
+        return end
 
     try:
         for st in plan_stages(job, n, rec):
@@ -341,7 +356,8 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
                 srec["attempts"] += 1
                 if st.background:
                     print(f"[cycle {n}/{job.cycles}] {st.name} (background, log {log(st)}): {shlex.join(cmd)}", flush=True)
-                    pending[st.name] = (st, start_child(cmd, log=log(st), env=stage_env(job), cwd=REPO), t0)
+                    proc = start_child(cmd, log=log(st), env=stage_env(job), cwd=REPO)
+                    pending[st.name] = (st, proc, t0, watch(proc))
                     continue
                 print(f"[cycle {n}/{job.cycles}] {st.name}: {shlex.join(cmd)}", flush=True)
                 ended(st, run_child(cmd, log=log(st), env=stage_env(job), cwd=REPO), t0)
@@ -349,7 +365,7 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
         for name in list(pending):
             join(name)
     finally:
-        for _, proc, _ in pending.values():
+        for _, proc, _, _ in pending.values():
             stop_child(proc)
 
 

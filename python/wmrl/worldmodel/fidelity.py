@@ -59,11 +59,13 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
 
 
 @torch.no_grad()
-def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu") -> dict:
+def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu", bf16: bool = True) -> dict:
     """Imagine every episode with its real actions; returns real and imagined frames per step.
 
     Episodes run as one batch (``Imagination``); those shorter than ``horizon`` chunks simply
-    stop contributing. Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1)."""
+    stop contributing. Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1).
+    On a GPU the models run under bf16 autocast (``bf16``), as GRPO's imagination does: the
+    reward is calibrated, and agreement measured, on frames made the way GRPO makes them."""
     from wmrl.worldmodel.imagine import Imagination
     from wmrl.worldmodel.model import images_to_unit
 
@@ -78,8 +80,10 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
     world = Imagination(main_model, wrist_model)
     world.start(real["main"][:, :1].to(device), real["wrist"][:, :1].to(device), p0)
     imagined = {v: [real[v][:, 0].to(device)] for v in ("main", "wrist")}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and torch.device(device).type == "cuda")
     for t in range(steps):
-        main, wrist, _ = world.step(acts[:, t], generator=g)
+        with autocast:
+            main, wrist, _ = world.step(acts[:, t], generator=g)
         imagined["main"].append(main)
         imagined["wrist"].append(wrist)
     return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
