@@ -116,12 +116,12 @@ eval: setup
 	$(TRAIN_PY) python/evaluate.py $(COMMON) $(if $(CKPT),--ckpt $(CKPT) --run $(RUN) $(call opt,--out,$(OUT)),--policy $(POLICY) --out $(or $(OUT),$(RUN)/eval/$(POLICY))) \
 		$(call opt,--trials,$(TRIALS)) $(call opt,--videos,$(VIDEOS))
 
-# Supervised policy training; GPUS=0,1 runs one process per GPU through torchrun.
+# Supervised policy training; GPUS=0,1 runs one process per GPU through torchrun (PER_GPU_PY; grpo too).
 NGPUS = $(words $(subst $(comma), ,$(GPUS)))
 comma := ,
-SFT_PY = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(if $(filter-out 0 1,$(NGPUS)),$(TRAIN_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(TRAIN_PY))
+PER_GPU_PY = $(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(if $(filter-out 0 1,$(NGPUS)),$(TRAIN_PY) -m torch.distributed.run --standalone --nproc_per_node=$(NGPUS),$(TRAIN_PY))
 sft: setup
-	$(SFT_PY) python/sft.py --profile $(PROFILE) --run-dir $(RUN) --data $(or $(DATA),$(RUN)/demos) \
+	$(PER_GPU_PY) python/sft.py --profile $(PROFILE) --run-dir $(RUN) --data $(or $(DATA),$(RUN)/demos) \
 		$(call opt,--tasks,$(TASKS)) $(call opt,--seed,$(SEED)) $(call opt,--steps,$(STEPS)) \
 		$(DRY)
 
@@ -132,10 +132,11 @@ collect: setup
 
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
 # PAIR=dir (a model pair for ENV=wm; default RUN/model_pair), FROM=run (take step 0 from that
-# run's newest supervised checkpoint). GPUS=0 picks the GPU.
+# run's newest supervised checkpoint). GPUS=0 picks the GPU; GPUS=0,1 runs one process per GPU
+# through torchrun: each rolls out its share of the groups, rank 0 updates (wmrl/rl/ranks.py).
 grpo: setup
 	@test -n "$(TARGET)" || { echo "error: give TARGET=<GRPO step to train to> (RESUME=N continues step N)"; exit 2; }
-	$(if $(GPUS),CUDA_VISIBLE_DEVICES=$(GPUS)) $(TRAIN_PY) python/grpo.py --profile $(PROFILE) --run $(RUN) --target $(TARGET) \
+	$(PER_GPU_PY) python/grpo.py --profile $(PROFILE) --run-dir $(RUN) --target $(TARGET) \
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) $(DRY)
 

@@ -8,7 +8,7 @@ returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
-    python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [ENV=sim|wm PAIR=... LR=...
+    python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
@@ -93,10 +93,13 @@ def machine(env: dict) -> dict:
     return info
 
 
-def stage(name: str, script: str, args: list, env: dict, *, background: bool = False, extra_env: dict | None = None):
-    """``python3 python/<script> args`` (or a bench script), timed, its output in OUT/<name>.log."""
+def stage(name: str, script: str, args: list, env: dict, *, background: bool = False, extra_env: dict | None = None,
+          nproc: int = 1):
+    """``python3 python/<script> args`` (or a bench script), timed, its output in OUT/<name>.log;
+    ``nproc`` > 1: one process per GPU through torchrun."""
     OUT.mkdir(parents=True, exist_ok=True)
-    cmd = [PY, script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
+    launcher = [PY] if nproc == 1 else [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd = [*launcher, script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
@@ -161,14 +164,16 @@ def phase_eval(v: dict, env: dict) -> None:
 
 
 def phase_grpo(v: dict, env: dict) -> None:
-    """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores."""
+    """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores;
+    NPROC=2: each run on two GPUs (GPUS=0,1; one seed), its groups' rollouts split between them."""
     seeds = v.get("SEEDS", "0").split(",")
     gpus = v.get("GPUS", "0").split(",")
+    nproc = int(v.get("NPROC", "1"))
     per = int(v.get("WORKERS_PER_RUN", max(1, (os.cpu_count() or 2) // len(seeds))))
     root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
     procs = []
     for i, s in enumerate(seeds):
-        args = ["--run", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")), "--target", v.get("TARGET", "20"),
+        args = ["--run-dir", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")), "--target", v.get("TARGET", "20"),
                 "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim")]
         if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
             args.append("--no-eval-first")
@@ -181,8 +186,9 @@ def phase_grpo(v: dict, env: dict) -> None:
                           ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE")):
             if key in v:
                 args += [flag, v[key]]
+        devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]
         procs.append(stage(f"grpo{v.get('TAG', '')}_seed{s}", "grpo.py", args, env, background=True,
-                           extra_env={"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}))
+                           extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc))
     for p in procs:
         finish(*p)
     pack(root, "grpo" + v.get("TAG", ""))

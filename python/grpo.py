@@ -25,7 +25,8 @@ from wmrl.config import GRPOConfig, get_profile, override, parse_tasks, profile_
 def build(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default="default", choices=profile_names(), help="named settings (tiny: CPU toy scale)")
-    p.add_argument("--run", default="runs/default", help="run folder (checkpoints, evidence, logs)")
+    p.add_argument("--run", "--run-dir", dest="run", default="runs/default",
+                   help="run folder (checkpoints, evidence, logs); --run-dir under torchrun, which claims --run")
     p.add_argument("--target", type=int, required=True, help="train to this GRPO step (TARGET)")
     p.add_argument("--resume", type=int, help="continue the full state of GRPO step N (RESUME); default: the newest "
                                               "full state, or step 0 from the newest supervised checkpoint")

@@ -2,6 +2,7 @@
 pair) and in the real simulator, and the bad input it refuses before any rollout."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -392,3 +393,37 @@ def test_the_task_window_slides_by_one_task_per_step():
             assert set(count.values()) == {groups} and len(count) == 10
     for s in range(20):
         assert len(set(group_tasks(tasks, s, 4)) & set(group_tasks(tasks, s + 1, 4))) == 3
+
+
+def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, tmp_path, root):
+    """torchrun with two ranks (gloo on the CPU): each imagines one of the two groups, rank 0
+    learns and sends its weights back. Rollouts are functions of (seed, step, group, member),
+    so the run matches one process: the same outcomes, the same weights up to batch rounding."""
+    import shutil
+
+    from tests.rl.conftest import add_pair
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for run in (one, two):
+        shutil.copytree(sft_run, run)
+        add_pair(run, threshold=0.572)  # the untrained reward's median here: groups with both outcomes
+    args = ["python/grpo.py", "--profile", "tiny", "--env", "wm", "--target", "2", "--eval-tasks", "0", "--no-eval-first",
+            "--workers", "1", "--envs-per-worker", "1", "--max-steps", "16", "--device", "cpu", "--no-progress",
+            "--no-tensorboard"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for run, launcher in ((one, [sys.executable]),
+                          (two, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])):
+        r = subprocess.run([*launcher, *args, "--run-dir", str(run)], cwd=root, capture_output=True, text=True, timeout=600,
+                           env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+    rolls = [[json.loads(line)["outcomes"] for line in (run / "grpo/rollouts.jsonl").read_text().splitlines()]
+             for run in (one, two)]
+    assert rolls[0] == rolls[1] and len(rolls[1]) == 2 and len(rolls[1][0]) == 4  # both groups, every step
+    logs = [json.loads(line) for line in (two / "logs/grpo.jsonl").read_text().splitlines()]
+    assert [r["rollouts"] for r in logs] == [4, 4]  # rank 0 logged the whole step, not its half
+    a, b, start = _weights(one, 2), _weights(two, 2), _weights(two, 0)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert all(r["optimizer_steps"] > 0 for r in logs)  # both steps updated the policy ...
+    assert any(not torch.equal(b[k], start[k]) for k in b)  # ... and rank 0's update reached the saved weights
+    assert sorted(p.name for p in (two / "weights/policy").glob("global_step_*")) == ["global_step_0", "global_step_1",
+                                                                                      "global_step_2"]

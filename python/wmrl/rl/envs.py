@@ -80,6 +80,24 @@ class RolloutEnv(Protocol):
     def close(self) -> None: ...
 
 
+def rollout_id(start: Start, member: int, group_size: int) -> int:
+    """A rollout's number within its step, from its group and member: the same whichever
+    process runs it (``wmrl.rl.ranks``), so its noise and its advantage's place are too."""
+    return start.group * group_size + member
+
+
+def frame_noise(seed: int, step: int, rollouts: list[int], chunk: int, view: str, size: int, device) -> torch.Tensor:
+    """The world model's starting noise for each rollout's imagined frame (B, 3, size, size): a
+    function of (seed, step, rollout, chunk, view) alone, like the policy's ``chunk_noise``, so
+    neither the batch an imagined rollout runs in nor the process that runs it changes it."""
+    v = ("main", "wrist").index(view)
+    out = []
+    for r in rollouts:
+        g = torch.Generator(device=device).manual_seed(derived_seed(seed, step, r, chunk, v, 0x1A6E))
+        out.append(torch.randn((3, size, size), generator=g, device=device))
+    return torch.stack(out)
+
+
 def derived_seed(*parts: int) -> int:
     """A 63-bit seed from integers (stable across runs, machines and Python versions)."""
     h = hashlib.blake2b(np.asarray(parts, np.int64).tobytes(), digest_size=8)
@@ -117,10 +135,10 @@ class SimEnv:
         from wmrl.sim.tasks import get_task
         from wmrl.sim.vector import EpisodeSpec, FixedEpisodes
 
-        specs = [EpisodeSpec(s.task, init_index=None, seed=s.seed, tag=i * group_size + m)
-                 for i, s in enumerate(starts) for m in range(group_size)]
+        specs = [EpisodeSpec(s.task, init_index=None, seed=s.seed, tag=rollout_id(s, m, group_size))
+                 for s in starts for m in range(group_size)]
         assert all(sp.mode == "train" for sp in specs)  # fixed evaluation states never start a rollout
-        group_of = {sp.tag: starts[sp.tag // group_size].group for sp in specs}
+        group_of = {sp.tag: sp.tag // group_size for sp in specs}
         device, chunk = self.device, self.chunk_size
 
         class Adapter:  # the pool's chunk-policy interface -> ObsBatch
@@ -250,9 +268,12 @@ class ImaginedEnv:
     def run(self, starts: list[Start], group_size: int, act) -> list[Outcome]:
         from wmrl.worldmodel.model import images_to_unit, unit_to_images
 
+        if not starts:  # more processes than groups: nothing to imagine here
+            return []
         kf = torch.tensor([s.keyframe for s in starts for _ in range(group_size)], device=self.device)
         b = len(kf)
         group = [s.group for s in starts for _ in range(group_size)]
+        rid = [rollout_id(s, m, group_size) for s in starts for m in range(group_size)]
         instr = [self.instructions[s.task] for s in starts for _ in range(group_size)]
         self.world.start(images_to_unit(self.frames["main"][kf]), images_to_unit(self.frames["wrist"][kf]),
                          self.proprio[kf])
@@ -261,7 +282,7 @@ class ImaginedEnv:
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         success = torch.zeros_like(done)
         chunks = torch.zeros(b, dtype=torch.long, device=self.device)
-        g = torch.Generator(device=self.device).manual_seed(derived_seed(self.seed, starts[0].step, 0x1A6E))
+        step = starts[0].step
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
         for t in range(self.max_chunks):
             live = torch.nonzero(~done).flatten()
@@ -269,17 +290,19 @@ class ImaginedEnv:
                 break
             rows = live.tolist()
             actions = torch.zeros(b, self.chunk_size, 7, device=self.device)
-            actions[live] = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows], rows,
-                                         [t] * len(rows))).to(self.device).float()
+            actions[live] = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows],
+                                         [rid[i] for i in rows], [t] * len(rows))).to(self.device).float()
+            noise = {view: frame_noise(self.seed, step, rid, t, view, self.image_size, self.device)
+                     for view in ("main", "wrist")}
             with autocast:
-                m, w, p = self.world.step(actions, generator=g)
+                m, w, p = self.world.step(actions, noise=noise)
                 prob = torch.sigmoid(self.reward(m.to(next(self.reward.parameters()).dtype)).float())
             main, wrist, proprio = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
             chunks[live] += 1
             hit = (prob >= self.threshold) & ~done
             success |= hit
             done |= hit
-        return [Outcome(i, group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
+        return [Outcome(rid[i], group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
                         self.keyframe_names[int(kf[i])]) for i in range(b)]
 
     def settings(self) -> dict:

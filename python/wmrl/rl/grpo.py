@@ -166,18 +166,34 @@ class Rollouts:
 
     def __init__(self):
         self.parts: dict[str, list] = {k: [] for k in ("main", "wrist", "proprio", "instructions", "chain", "old_lp",
-                                                       "rollout")}
+                                                       "rollout", "chunk")}
 
     def add(self, obs, chain, old_lp) -> None:
         for k, v in (("main", obs.main), ("wrist", obs.wrist), ("proprio", obs.proprio), ("chain", chain),
-                     ("old_lp", old_lp), ("rollout", torch.tensor(obs.rollout, device=chain.device))):
+                     ("old_lp", old_lp), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
+                     ("chunk", torch.tensor(obs.chunk, device=chain.device))):
             self.parts[k].append(v)
         self.parts["instructions"].extend(obs.instructions)
 
-    def tensors(self) -> dict:
+    def tensors(self, device=None) -> dict:
+        """Rows ordered by (rollout, chunk): the order in which workers happened to finish
+        (or which process acted) never changes the update's minibatches."""
         out = {k: torch.cat(v) for k, v in self.parts.items() if k != "instructions" and v}
-        out["instructions"] = self.parts["instructions"]
+        if not out:
+            return {"instructions": []}
+        order = torch.argsort(out["rollout"] * 100_000 + out["chunk"]).cpu()
+        out = {k: v[order.to(v.device)].to(device or v.device) for k, v in out.items()}
+        out["instructions"] = [self.parts["instructions"][i] for i in order.tolist()]
         return out
+
+    @staticmethod
+    def merged(batches: list[dict], device) -> dict:
+        """Several processes' ``tensors()`` as one batch on ``device``, ordered as one process's."""
+        parts = Rollouts()
+        for b in batches:
+            for k, v in b.items():
+                parts.parts[k].extend(v if k == "instructions" else [v])
+        return parts.tensors(device)
 
     @property
     def chunks(self) -> int:
@@ -355,11 +371,13 @@ class Learner:
     ref_model: torch.nn.Module | None = None
 
 
-def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tensor]:
+def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, torch.Tensor | None]:
     """One GRPO step in ``env``: rollouts -> advantages -> the clipped update. Returns the log
-    record, the outcomes and the advantages."""
+    record, the outcomes and the advantages (on ranks other than 0, which only roll out:
+    None, [], None)."""
     from wmrl.policy.runner import to_controller
     from wmrl.policy.sampling import sde_sample
+    from wmrl.rl import ranks
 
     L, cfg = learner, learner.cfg
     k, chunk, adim = L.model.cfg.denoise_steps, L.model.cfg.chunk_size, L.model.cfg.action_dim
@@ -376,8 +394,18 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tens
 
     t0 = time.perf_counter()
     starts = env.starts(step)
-    outcomes = env.run(starts, cfg.group_size, act)
+    outcomes = env.run(ranks.share(starts), cfg.group_size, act)  # this process's groups (all, alone)
     rollout_s = time.perf_counter() - t0
+    shares = ranks.gather((outcomes, buf.tensors("cpu") if ranks.world()[1] > 1 else None, rollout_s))
+    if shares is None:  # another rank learns; take its weights once it has
+        ranks.send_weights(L.model)
+        return None, [], None
+    if len(shares) > 1:
+        outcomes = sorted((o for share in shares for o in share[0]), key=lambda o: o.rollout)
+        batch = Rollouts.merged([share[1] for share in shares], L.device)
+        rollout_s = max(share[2] for share in shares)
+    else:
+        batch = buf.tensors()
 
     # advantages: success against the group's mean
     rewards = torch.tensor([float(o.success) for o in outcomes], device=L.device)
@@ -386,13 +414,14 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict, list, torch.Tens
 
     # the PPO-clipped update
     t1 = time.perf_counter()
-    ust = update(L.model, L.opt, buf.tensors(), adv, cfg, norm=L.norm, lang=L.lang, autocast=L.autocast, step=step,
+    ust = update(L.model, L.opt, batch, adv, cfg, norm=L.norm, lang=L.lang, autocast=L.autocast, step=step,
                  ref_model=L.ref_model)
+    ranks.send_weights(L.model)
     update_s = time.perf_counter() - t1
 
     env_steps = sum(o.steps for o in outcomes)
     rec = {"step": step, "rollout_success": float(rewards.mean()), "mean_reward": float(rewards.mean()),
-           "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes), "chunks": buf.chunks,
+           "groups": len(starts), "skipped_groups": skipped, "rollouts": len(outcomes), "chunks": len(batch.get("rollout", ())),
            "env_steps": env_steps, "env_builds": sum(o.env_built for o in outcomes),
            "rollout_s": round(rollout_s, 2), "update_s": round(update_s, 2),
            "env_steps_per_s": round(env_steps / max(rollout_s, 1e-9), 1),
@@ -410,6 +439,7 @@ def main(job: GRPOJob) -> dict:
 
     from wmrl.device import pick_device
     from wmrl.logs import MetricsLog
+    from wmrl.rl import ranks
     from wmrl.rl.envs import ImaginedEnv, SimEnv
 
     cfg, layout = job.cfg, RunLayout(job.run)
@@ -422,10 +452,13 @@ def main(job: GRPOJob) -> dict:
 
         check_contract(load_pair(job.pair or layout.model_pair), image_size=job.sim.image_size,
                        chunk_size=job.sim.chunk_size)
-    device = pick_device(job.device)
+    rank, world = ranks.world()
+    device = pick_device(job.device, ranks.local_rank())
+    ranks.init(device)  # several processes (torchrun): rank 0 learns, every rank rolls out its share
+    main_rank = rank == 0
     on_gpu = device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu and cfg.bf16)
-    say = lambda *a: print(*a, flush=True)  # noqa: E731
+    say = (lambda *a: print(*a, flush=True)) if main_rank else (lambda *a: None)  # noqa: E731
 
     # ---- 1. the policy, its optimizer, where the run starts
     loaded = ck.load_checkpoint(info.path, need_full=(kind == "resume"))  # every file's hash checked
@@ -458,14 +491,16 @@ def main(job: GRPOJob) -> dict:
     if cfg.kl_coef > 0:  # the policy GRPO started from, frozen
         ref_model = ck.load_checkpoint(origin["sft_checkpoint"]).build_model(device).requires_grad_(False)
 
-    env = (SimEnv(job.sim, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed, workers=job.workers or _cores(),
-                  max_chunks=cfg.max_chunks, envs_per_worker=job.envs_per_worker, device=device)
+    env = (SimEnv(job.sim, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed,
+                  workers=max(1, (job.workers or _cores()) // world), max_chunks=cfg.max_chunks,
+                  envs_per_worker=job.envs_per_worker, device=device)
            if cfg.env == "sim" else
            ImaginedEnv(job.pair or layout.model_pair, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed,
                        max_chunks=cfg.max_chunks, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size,
-                       index_dir=layout.grpo, device=device, bf16=cfg.bf16))
+                       index_dir=layout.grpo if main_rank else None, device=device, bf16=cfg.bf16))
     layout.grpo.mkdir(parents=True, exist_ok=True)
-    evaluator = Evaluator(job, env)
+    # rank 0 evaluates, on its own pool of all the cores when the rollouts' pools are shares
+    evaluator = Evaluator(job, env if world == 1 else None) if main_rank else None
 
     def save(step: int, full: bool):
         state = None
@@ -481,10 +516,11 @@ def main(job: GRPOJob) -> dict:
 
     step = start
     metrics = MetricsLog(layout.log("grpo"), tag="grpo", tensorboard=layout.tensorboard("grpo") if job.tensorboard
-                         else None, start_step=start, say=say)
-    rollout_log = MetricsLog(layout.grpo / "rollouts.jsonl", tag="rollouts", start_step=start)  # every rollout's start and end
+                         else None, start_step=start, say=say, enabled=main_rank)
+    rollout_log = MetricsLog(layout.grpo / "rollouts.jsonl", tag="rollouts", start_step=start,  # every rollout's start and end
+                             enabled=main_rank)
     try:
-        if kind == "sft":  # step 0: the supervised policy, with its lineage, and its real success
+        if kind == "sft" and main_rank:  # step 0: the supervised policy, with its lineage, and its real success
             save(0, full=True)
             done = origin_evidence(layout.checkpoint(0), cfg.eval_sampler, trials=cfg.final_trials * len(job.eval_tasks),
                                    seed=job.eval_seed)
@@ -495,12 +531,16 @@ def main(job: GRPOJob) -> dict:
                 evaluator(model, loaded.norm, lang, image_size, 0, cfg.final_trials)
 
         # ---- 2. GRPO steps
-        bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step", disable=not job.progress,
-                   dynamic_ncols=True)
+        bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step",
+                   disable=not job.progress or not main_rank, dynamic_ncols=True)
         deadline = None if job.max_minutes is None else time.monotonic() + 60 * job.max_minutes
         learner = Learner(model, opt, norm, lang, cfg, device, autocast, ref_model)
         for step in range(start + 1, job.target + 1):
             rec, outcomes, adv = train_step(learner, env, step)
+            # rank 0 decides (its clock) whether this step is the call's last; every rank follows
+            timed_out = ranks.from_rank0(deadline is not None and time.monotonic() >= deadline and step < job.target)
+            if not main_rank:
+                continue
             metrics.write(rec)
             if rec["skipped_groups"] == rec["groups"]:  # no group saw two outcomes: nothing to learn from
                 outcome = {1.0: "all succeeded", 0.0: "all failed"}.get(rec["rollout_success"], "each group agreed")
@@ -512,7 +552,6 @@ def main(job: GRPOJob) -> dict:
             bar.update(1)
 
             # the original's cadence: weights + real evaluation every 5, the full state every 10 and at the end
-            timed_out = deadline is not None and time.monotonic() >= deadline and step < job.target
             last = step == job.target or timed_out
             if step % cfg.eval_interval == 0 or last:
                 save(step, full=step % cfg.full_interval == 0 or last)
@@ -525,8 +564,13 @@ def main(job: GRPOJob) -> dict:
     finally:
         metrics.close()
         rollout_log.close()
-        evaluator.close()
+        if evaluator is not None:
+            evaluator.close()
         env.close()
+    if not main_rank:
+        ranks.close()
+        return {"step": step, "start": start, "evaluations": [], "curves": None}
+    ranks.close()
     from wmrl.plots import grpo_curves
 
     png = grpo_curves(layout.log("grpo"), layout.logs / "grpo_curves.png", evaluator.history())

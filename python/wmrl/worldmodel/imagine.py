@@ -38,15 +38,17 @@ class Imagination:
         return torch.stack(hist, dim=1)
 
     @torch.no_grad()
-    def step(self, actions: torch.Tensor, generator: torch.Generator | None = None):
-        """Imagine one chunk: returns (main (B, 3, H, W), wrist (B, 3, H, W), proprio (B, P) raw)."""
+    def step(self, actions: torch.Tensor, generator: torch.Generator | None = None, noise: dict | None = None):
+        """Imagine one chunk: returns (main (B, 3, H, W), wrist (B, 3, H, W), proprio (B, P) raw).
+        ``noise``: per view, the samplers' starting noise (B, 3, H, W); else drawn from ``generator``."""
         frames, nexts = {}, []
         for view in ("main", "wrist"):
             model = self.models[view]
             x = self._context(view)
             if model.cfg.condition_on_main:
                 x = torch.cat([x, frames["main"][:, None]], dim=1)  # the main view just imagined
-            frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator)
+            frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator,
+                                      noise=None if noise is None else noise[view])
             frames[view] = frame
             nexts.append(model.unnormalize_proprio(p))
         for view in ("main", "wrist"):

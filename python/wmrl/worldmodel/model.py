@@ -227,12 +227,15 @@ class FrameWorldModel(Pretrained, nn.Module):
 
     @torch.no_grad()
     def generate(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
-                 steps: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next frame (B, 3, H, W) in [-1, 1] and next proprio (normalised), Euler sampling."""
+                 steps: int | None = None, generator: torch.Generator | None = None,
+                 noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next frame (B, 3, H, W) in [-1, 1] and next proprio (normalised), Euler sampling from
+        ``noise`` (B, 3, H, W) standard normal (default: drawn from ``generator``)."""
         steps = steps or self.cfg.sample_steps
         b, _, _, h, w = frames.shape
         sig = self.sigmas(steps, frames.device)
-        noise = torch.randn((b, 3, h, w), generator=generator, device=generator.device if generator else frames.device)
+        if noise is None:
+            noise = torch.randn((b, 3, h, w), generator=generator, device=generator.device if generator else frames.device)
         x = noise.to(frames.device) * sig[0]
         for i in range(steps):
             d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
