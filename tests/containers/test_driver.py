@@ -175,8 +175,8 @@ def test_runtime_docker_routes_every_stage_through_the_driver():
     assert re.search(r"CUDA_VISIBLE_DEVICES=0,1 .*run --image train -- -m torch.distributed.run", out)
     # Every target that runs a stage: no venv python is called directly under RUNTIME=docker.
     makefile = (ROOT / "Makefile").read_text()
-    stage_targets = sorted({m.group(1) for m in re.finditer(r"(?m)^([a-z][\w-]*):[^\n]*\n(?:\t[^\n]*\n)*?\t[^\n]*\$\((?:TRAIN_PY|WM_PY|SFT_PY)\)", makefile)})
-    assert {"eval", "demos", "sft", "check", "validate", "bench"} <= set(stage_targets), stage_targets
+    stage_targets = sorted({m.group(1) for m in re.finditer(r"(?m)^([a-z][\w-]*):[^\n]*\n(?:\t[^\n]*\n)*?\t[^\n]*\$\((?:TRAIN_PY|WM_PY|PER_GPU_PY)\)", makefile)})
+    assert {"eval", "demos", "sft", "grpo", "check", "validate", "bench"} <= set(stage_targets), stage_targets
     for target in stage_targets:
         if target.startswith("offline"):
             continue  # host-side tools
