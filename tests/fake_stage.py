@@ -38,7 +38,7 @@ def main(argv):
         return 1
     if os.environ.get("FAKE_HANG") == script:
         time.sleep(600)
-    run = Path(flag(args, "--run"))
+    run = Path(flag(args, "--run") or flag(args, "--run-dir"))  # grpo.py: --run-dir (torchrun claims --run)
     if script == "collect":
         out = Path(flag(args, "--out"))
         out.mkdir(parents=True, exist_ok=True)

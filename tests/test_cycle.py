@@ -275,6 +275,15 @@ def test_a_run_outside_the_repository_is_mounted_whole_for_the_images(tmp_path, 
     monkeypatch.delenv("WMRL_DOCKER_MOUNTS")
     assert "WMRL_DOCKER_MOUNTS" not in stage_env(job(REPO / "runs" / "x"))  # the repository is mounted anyway
 
+def test_two_gpus_run_grpo_as_one_process_per_gpu(tmp_path):
+    run = new_run(tmp_path)
+    one = {s["stage"]: s["command"] for s in plan(job(run))}
+    two = {s["stage"]: s["command"] for s in plan(job(run, gpus="0,1"))}
+    assert "torch.distributed.run" not in one["grpo"] and "--run-dir" in one["grpo"]
+    assert "-m torch.distributed.run --standalone --nproc_per_node=2 python/grpo.py" in two["grpo"]
+    assert "torch.distributed.run" not in two["evaluate"]  # the rest stay one process
+
+
 def test_speedrun_dry_run_plans_every_stage_from_nothing_and_writes_nothing(tmp_path):
     run = tmp_path / "speedrun"
     r = subprocess.run(["make", "--no-print-directory", "speedrun", "PROFILE=tiny", f"RUN={run}", "DRY_RUN=1"], cwd=REPO,

@@ -185,13 +185,20 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "python/wm_eval.py", "--run", str(c), "--episodes", str(job.cfg.wm_eval_episodes), "--videos",
             str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / "fidelity.json",), gpu=True, verify=False),
         Stage("grpo", "train", (
-            "python/grpo.py", *prof, "--run", str(run), "--env", "wm", "--pair", str(cl.model_pair), "--target",
-            str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers)),
+            *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(cl.model_pair),
+            "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers)),
             (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
             *opt("--workers", job.workers)), (evidence,), gpu=True, skip_if=evidence, verify=False),
     ]
+
+
+def per_gpu(job: CycleJob) -> list[str]:
+    """GRPO on several GPUs (GPUS=0,1): one process per GPU through torchrun, each rolling out
+    its share of the groups (``wmrl.rl.ranks``); nothing with one GPU or none."""
+    n = len(job.gpus.split(",")) if job.gpus else 1
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
 
 
 def runner_command(runner: list[str], *args: str) -> list[str]:
