@@ -19,7 +19,7 @@ returns only a few files).
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
-    python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=...]   (make speedrun's stages;
+    python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
                                (ITERS2: Stages 2-3, export, student vs teacher quality and frames/s)
@@ -134,16 +134,18 @@ def pack(run: Path, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------------- phases
-def demos_and_sft(run: str, workers: str, v: dict, env: dict, steps: str | None) -> int:
-    """Scripted demonstrations into RUN/demos, then SFT on them (``steps``; None: the profile's);
-    the SFT stage's exit code (a failed collection stops the phase)."""
+def demos_and_sft(run: str, workers: str, v: dict, env: dict, steps: str | None, gpus: str = "") -> int:
+    """Scripted demonstrations into RUN/demos, then SFT on them (``steps``; None: the profile's;
+    ``gpus`` "0,1": one process per GPU through torchrun, as make sft GPUS=0,1); the SFT stage's
+    exit code (a failed collection stops the phase)."""
     demos = RunLayout(run).demos
     if stage("demos", "collect_demos.py", ["--workers", workers, "--out", demos, "--no-progress",
                                             *(["--episodes", v["EPISODES"]] if "EPISODES" in v else []),
                                             *shlex.split(v.get("DEMO_ARGS", ""))], env):
         sys.exit(1)
-    return stage("sft", "sft.py", ["--run", run, "--data", demos, *(["--steps", steps] if steps else []),
-                                   "--no-progress", "--no-tensorboard"], env)
+    return stage("sft", "sft.py", ["--run-dir", run, "--data", demos, *(["--steps", steps] if steps else []),
+                                   "--no-progress", "--no-tensorboard"], env,
+                 extra_env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None, nproc=len(gpus.split(",")) if gpus else 1)
 
 
 def phase_learn(v: dict, env: dict) -> None:
@@ -259,9 +261,10 @@ def phase_speedrun(v: dict, env: dict) -> None:
     pair between the 10 x 50 evaluations before and after). Stage times in times.jsonl, the
     cycle's own in RUN/cycle.json and RUN/report.html."""
     run, w = v.get("RUN", "runs/speedrun"), v.get("WORKERS", str(os.cpu_count()))
-    if demos_and_sft(run, w, v, env, v.get("STEPS")):
+    if demos_and_sft(run, w, v, env, v.get("STEPS"), v.get("GPUS", "")):
         sys.exit(1)
     stage("cycle", "cycle.py", ["--run", run, "--cycles", "1", "--workers", w, "--train-py", PY, "--wm-py", WM_PY,
+                                *(["--gpus", v["GPUS"]] if "GPUS" in v else []),
                                 *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])], env)
     pack(Path(run), "speedrun")
 
