@@ -175,8 +175,8 @@ def phase_grpo(v: dict, env: dict) -> None:
     root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
     procs = []
     for i, s in enumerate(seeds):
-        args = ["--run-dir", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")), "--target", v.get("TARGET", "20"),
-                "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim")]
+        args = ["--run-dir", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")),
+                "--target", v.get("TARGET", "20"), "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim")]
         if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
             args.append("--no-eval-first")
         for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
