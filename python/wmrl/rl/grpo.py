@@ -72,7 +72,7 @@ class GRPOJob:
     eval_first: bool = True  # a fresh run evaluates step 0 (the supervised policy) with final_trials first
     max_minutes: float | None = None  # a time limit: the step that passes it becomes the last (full state + 10 x 50)
     workers: int = 0  # simulator processes (0: one per core)
-    envs_per_worker: int = 3  # LIBERO envs each worker keeps (one per task, ~0.8 GB each on a CPU)
+    envs_per_worker: int = 3  # LIBERO envs per episode slot (one per task; two slots per worker; ~0.8 GB each)
     device: str = "auto"
     profile: str = "default"
     progress: bool = True
