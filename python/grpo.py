@@ -41,7 +41,8 @@ def build(argv: list[str] | None = None):
     g.add_argument("--max-minutes", type=float, help="time limit: the step that passes it is the last (full state and the "
                                                      "full evaluation); rerun to continue")
     g.add_argument("--workers", type=int, help="simulator processes (default: one per core)")
-    g.add_argument("--envs-per-worker", type=int, default=3, help="LIBERO envs kept per episode in flight (each worker runs two; ~0.8 GB each)")
+    g.add_argument("--envs-per-worker", type=int, default=3,
+                   help="LIBERO envs kept per episode in flight (each worker runs two; ~0.8 GB each)")
     g.add_argument("--image-size", type=int, help="camera image size (default: the profile's / the checkpoint's)")
     g.add_argument("--max-steps", type=int, help="simulator steps per episode (240)")
     g.add_argument("--renderer", help="auto | osmesa | egl (MUJOCO_GL overrides)")

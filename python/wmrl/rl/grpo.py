@@ -195,10 +195,6 @@ class Rollouts:
                 parts.parts[k].extend(v if k == "instructions" else [v])
         return parts.tensors(device)
 
-    @property
-    def chunks(self) -> int:
-        return sum(len(r) for r in self.parts["rollout"])
-
 
 # =========================================================================== advantages, loss
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float) -> tuple[torch.Tensor, int]:
