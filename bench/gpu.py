@@ -49,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 from wmrl.layout import RunLayout  # noqa: E402  (standard library only: fine before the environment is ready)
+from wmrl.procs import torchrun  # noqa: E402  (likewise)
 
 PROFILE = "default"
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
@@ -98,8 +99,7 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     """``python3 python/<script> args`` (or a bench script), timed, its output in OUT/<name>.log;
     ``nproc`` > 1: one process per GPU through torchrun."""
     OUT.mkdir(parents=True, exist_ok=True)
-    launcher = [PY] if nproc == 1 else [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd = [*launcher, script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
+    cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")

@@ -197,8 +197,9 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
 def per_gpu(job: CycleJob) -> list[str]:
     """GRPO on several GPUs (GPUS=0,1): one process per GPU through torchrun, each rolling out
     its share of the groups (``wmrl.rl.ranks``); nothing with one GPU or none."""
-    n = len(job.gpus.split(",")) if job.gpus else 1
-    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
+    from wmrl.procs import torchrun
+
+    return torchrun(len(job.gpus.split(",")) if job.gpus else 1)
 
 
 def runner_command(runner: list[str], *args: str) -> list[str]:
@@ -322,9 +323,8 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
     def join(name: str) -> None:
         st, proc, t0, end = pending.pop(name)
         print(f"[cycle {n}/{job.cycles}] waiting for {name} (background; its log: {log(st)})", flush=True)
-        rc = proc.wait()
-        end["thread"].join()
-        ended(st, rc, t0, end["time"])
+        end["thread"].join()  # it returns once the child has ended
+        ended(st, proc.returncode, t0, end["time"])
         print(f"[cycle {n}/{job.cycles}] {name}: finished in {end['time'] - t0:.0f} s", flush=True)
         finished(st)
 

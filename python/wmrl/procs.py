@@ -62,6 +62,12 @@ def run_child(cmd: list[str], *, log: Path | None = None, env: dict | None = Non
             out.close()
 
 
+def torchrun(nproc: int) -> list[str]:
+    """Arguments for the interpreter that start a script as ``nproc`` processes, one per GPU
+    (``python -m torch.distributed.run``); none for one process."""
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+
+
 def start_child(cmd: list[str], *, log: Path, env: dict | None = None, cwd=None) -> subprocess.Popen:
     """Start ``cmd`` in the background, its output appended to ``log`` only (it would interleave
     with the foreground's); it dies with this process like ``run_child``'s children."""

@@ -101,7 +101,8 @@ class WorkerError(RuntimeError):
 
 # ------------------------------------------------------------------------------------ worker
 class _Worker:
-    """Lives in the child process: one env, an optional step policy, an optional recorder."""
+    """One episode slot of a worker process: its envs (one per task, up to ``max_envs``), an
+    optional step policy, an optional recorder."""
 
     def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
                  frame_interval: int = 0, action_noise: float = 0.0, max_envs: int = 1):
