@@ -15,6 +15,8 @@ returns only a few files).
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
+    python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="64,128,256x2 32,64,128,256x1" MINUTES=2 VIEW=main
+                               BATCH=64 LR=2e-4]   (world-model architectures at equal training time)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
@@ -100,7 +102,8 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     ``nproc`` > 1: one process per GPU through torchrun."""
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
-    if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py"):
+    if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
+                                                                  "bench/wm_probe.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -196,29 +199,47 @@ def phase_grpo(v: dict, env: dict) -> None:
     pack(root, "grpo" + v.get("TAG", ""))
 
 
-def phase_wm(v: dict, env: dict) -> None:
-    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
-    if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
-        stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
+def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
+    """Demonstrations at chunk boundaries (``episodes`` per task) and RUN/manifest.json, unless there."""
     layout = RunLayout(run)
     if not list(layout.demos.glob("*.hdf5")):
-        stage("wm_demos", "collect_demos.py", ["--workers", w, "--out", layout.demos, "--episodes",
-                                               v.get("EPISODES", "20"), "--frame-interval", "0", "--no-progress"], env)
+        stage("wm_demos", "collect_demos.py", ["--workers", v.get("WORKERS", str(os.cpu_count())), "--out", layout.demos,
+                                               "--episodes", episodes, "--frame-interval", "0",
+                                               "--no-progress"], env)
     if not layout.manifest.exists():
         stage("manifest", "make_manifest.py", ["--run", run, "--replay", layout.demos,
                                                *(["--new", v["NEW"]] if "NEW" in v else [])], env)
-    reward = None if (layout.reward / "config.json").exists() else \
-        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress"], env, background=True)
+    return layout
+
+
+def phase_wm(v: dict, env: dict) -> None:
+    run = v.get("RUN", "runs/h200")
+    if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
+        stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
+    layout = wm_data(run, v, env, v.get("EPISODES", "20"))
     args = ["--run", run, "--steps", v.get("STEPS", "400"), "--micro-batch", v.get("MICRO", "16"), "--grad-accum",
             v.get("ACCUM", "4"), "--save-interval", "100", "--no-progress",
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])]
     stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
                                                              "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})
-    if reward:
-        finish(*reward)
+    if not (layout.reward / "config.json").exists():  # after the update: it trains on the frames they generate
+        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress"], env)
     stage("package", "package_pair.py", ["--run", run, "--overwrite"], env)
     stage("wm_eval", "wm_eval.py", ["--run", run, "--videos", "4"], env)
     pack(Path(run), "wm")
+
+
+def phase_probe(v: dict, env: dict) -> None:
+    """World-model architectures compared on the same data and the same training time
+    (bench/wm_probe.py: one view, plain PyTorch, bf16): one-chunk and open-loop PSNR."""
+    run = v.get("PROBE_RUN", "runs/probe")  # its own names: it chains before other phases (probe+speedrun)
+    layout = wm_data(run, v, env, v.get("PROBE_EPISODES", "15"))
+    archs = v.get("ARCHS", "64,128,256x2 32,64,128,256x1").split()
+    stage("wm_probe", "bench/wm_probe.py", ["--manifest", layout.manifest, "--view", v.get("VIEW", "main"), "--size",
+                                            v.get("SIZE", "128"), *[a for x in archs for a in ("--arch", x)],
+                                            "--minutes", v.get("MINUTES", "2"), "--steps", "100000", "--batch",
+                                            v.get("BATCH", "64"), "--lr", v.get("LR", "2e-4"), "--eval-every",
+                                            v.get("EVAL_EVERY", "250"), "--json", OUT / "wm_probe.json"], env)
 
 
 def phase_wmspeed(v: dict, env: dict) -> None:
@@ -303,7 +324,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 
 PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
-          "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
+          "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
           "bimanual": phase_bimanual}
 
 

@@ -1,18 +1,27 @@
-"""How fast does a world model of a given size learn? One view, a plain PyTorch loop, one-chunk
-PSNR on held-out transitions against copying the last frame.
+"""How fast does a world model of a given size learn, per update and per GPU-second? One view,
+a plain PyTorch loop (bf16 autocast on a GPU), several architectures one after the other on
+the same data and the same time budget.
 
-    python bench/wm_probe.py --manifest runs/x/manifest.json --view wrist --size 64 \
-        --channels 32,64,128 --blocks 1 --steps 500 --batch 16 --lr 3e-4
+    python bench/wm_probe.py --manifest runs/x/manifest.json --view main --size 128 \
+        --arch 64,128,256x2 --arch 32,64,128,256x1 --minutes 2 --batch 64 --lr 2e-4 --json probe.json
 
-Frames are area-downsampled to ``--size`` (so one 128 px collection serves several sizes).
-The prediction is teacher-forced (real context frames), as in ``wm_eval``'s first chunk; the
-baseline repeats the current frame. For sweeping model size and learning rate before a long
-DeepSpeed run; the numbers it prints are in bench/RESULTS.md where quoted.
+``--arch C1,C2,...xB``: U-Net widths per level and blocks per level (the default profile's is
+``64,128,256x2``). Frames are area-downsampled to ``--size`` (one 128 px collection serves
+several sizes). Each evaluation reports, on the held-out episodes:
+
+* one chunk ahead, teacher-forced (real context frames), against copying the last frame;
+* open loop over 5 and 10 chunks with the real actions (the model's own frames and proprio as
+  context; the wrist model sees the real main view), against holding the start frame: the
+  figure ``wm_eval`` reports for a pair, here per view and per architecture.
+
+For sweeping model size and learning rate before a long DeepSpeed run; the numbers it prints
+are in bench/RESULTS.md where quoted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -25,15 +34,109 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import psnr  # noqa: E402
-from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel, images_to_unit  # noqa: E402
+
+OPEN_LOOP = (5, 10)
 
 
 def shrink(episodes, size: int):
     for e in episodes:
         for v in ("main", "wrist"):
+            if getattr(e, v).shape[1] == size:
+                continue
             x = torch.from_numpy(getattr(e, v)).permute(0, 3, 1, 2).float()
             setattr(e, v, F.interpolate(x, size=size, mode="area").round().byte().permute(0, 2, 3, 1).numpy())
     return episodes
+
+
+def parse_arch(text: str) -> tuple[tuple[int, ...], int]:
+    widths, _, blocks = text.partition("x")
+    try:
+        return tuple(int(c) for c in widths.split(",")), int(blocks or 1)
+    except ValueError:
+        raise SystemExit(f"--arch {text!r}: write widths then blocks per level, e.g. 32,64,128,256x1") from None
+
+
+@torch.no_grad()
+def open_loop_psnr(model, episodes, view: str, norm: dict, horizon: int, device) -> dict:
+    """PSNR at each horizon of OPEN_LOOP, imagined vs real and held start frame vs real, over the
+    episodes at least that long; all such episodes as one batch."""
+    eps = [e for e in episodes if len(e.actions) >= horizon]
+    if not eps:
+        return {}
+    cfg = model.cfg
+    real = torch.stack([images_to_unit(torch.from_numpy(getattr(e, view)[: horizon + 1])) for e in eps]).to(device)
+    main = torch.stack([images_to_unit(torch.from_numpy(e.main[: horizon + 1])) for e in eps]).to(device)
+    acts = torch.stack([torch.from_numpy(e.actions[:horizon]) for e in eps]).to(device)
+    p = (torch.stack([torch.from_numpy(e.proprio[0]) for e in eps]).to(device) - norm["mean"]) / norm["std"]
+    history = [real[:, 0]]
+    g = torch.Generator(device=device).manual_seed(0)
+    out = {}
+    for t in range(horizon):
+        ctx = history[-cfg.context:]
+        ctx = [ctx[0]] * (cfg.context - len(ctx)) + ctx
+        frames = torch.stack(ctx, 1)
+        if cfg.condition_on_main:
+            frames = torch.cat([frames, main[:, t, None]], 1)  # the real main view: a one-view probe
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=real.is_cuda):
+            x, p = model.generate(frames, acts[:, t], p, generator=g)
+        history.append(x.float())
+        if t + 1 in OPEN_LOOP:
+            out[t + 1] = {"episodes": len(eps), "psnr": float(psnr(x.float(), real[:, t + 1]).mean()),
+                          "static": float(psnr(real[:, 0], real[:, t + 1]).mean())}
+    return out
+
+
+def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
+    model.eval()
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
+        x, _ = model.generate(held["frames"], held["actions"], held["proprio"], generator=g)
+    out = {"one_chunk": float(psnr(x.float(), held["target"]).mean()),
+           "open_loop": open_loop_psnr(model, val_eps, view, norm, max(OPEN_LOOP), device)}
+    model.train()
+    return out
+
+
+def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
+    channels, blocks = arch
+    torch.manual_seed(0)
+    cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
+                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist")
+    model = FrameWorldModel(cfg).to(a.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
+    name = f"{','.join(map(str, channels))}x{blocks}"
+    print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+    curve, trained, step = [], 0.0, 0
+    budget = a.minutes * 60 if a.minutes else float("inf")
+    next_eval = a.eval_every
+    while step < a.steps and trained < budget:
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b = tr.batch(torch.randint(0, tr.size, (a.batch,), device=a.device), a.view, cfg.condition_on_main, norm)
+        step += 1
+        for group in opt.param_groups:
+            group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.device == "cuda"):
+            loss, _ = model.loss(**b)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        trained += time.perf_counter() - t0
+        last = step >= a.steps or trained >= budget
+        if step >= next_eval or last:
+            next_eval += a.eval_every
+            r = {"update": step, "train_s": round(trained, 1), "samples_per_s": round(step * a.batch / trained, 1),
+                 "loss": round(loss.item(), 4), **evaluate(model, held, val_eps, a.view, norm, a.device)}
+            curve.append(r)
+            ol = "; ".join(f"{k} chunks {v['psnr']:.2f} (held {v['static']:.2f})" for k, v in r["open_loop"].items())
+            print(f"update {step}: loss {r['loss']:.4f}, one chunk {r['one_chunk']:.2f} dB (copy-last "
+                  f"{held['copy_last']:.2f}); open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+    return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "curve": curve}
 
 
 def main() -> None:
@@ -41,48 +144,30 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--channels", default="32,64,128")
-    p.add_argument("--blocks", type=int, default=1)
-    p.add_argument("--cond-dim", type=int, default=128)
-    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--arch", action="append", help="widths,...xblocks (repeat to compare); default 32,64,128x1")
+    p.add_argument("--cond-dim", type=int, default=256)
+    p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
+    p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", help="also write every curve here")
     a = p.parse_args()
-    torch.manual_seed(0)
+    archs = [parse_arch(s) for s in (a.arch or ["32,64,128x1"])]
     _, train, val = load_split(a.manifest, 8)
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
-    cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=tuple(int(c) for c in a.channels.split(",")),
-                           blocks_per_level=a.blocks, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist")
-    tr = Transitions(shrink(train, a.size), cfg.context, a.device)
-    va = Transitions(shrink(val, a.size), cfg.context, a.device)
-    norm = proprio_stats(tr)
-    norm = {k: v.to(a.device) for k, v in norm.items()}
-    model = FrameWorldModel(cfg).to(a.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
-    print(f"{tr.size} training / {va.size} held-out transitions, {sum(p.numel() for p in model.parameters()):,} "
-          f"parameters, {a.device}", flush=True)
-    held = va.batch(torch.arange(va.size, device=a.device), a.view, cfg.condition_on_main, norm)
-    copy_last = float(psnr(held["frames"][:, cfg.context - 1], held["target"]).mean())
-    t0 = time.perf_counter()
-    for step in range(1, a.steps + 1):
-        b = tr.batch(torch.randint(0, tr.size, (a.batch,), device=a.device), a.view, cfg.condition_on_main, norm)
-        for group in opt.param_groups:
-            group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
-        loss, _ = model.loss(**b)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % a.eval_every == 0 or step == a.steps:
-            model.eval()
-            g = torch.Generator(device=a.device).manual_seed(0)
-            x, _ = model.generate(held["frames"], held["actions"], held["proprio"], generator=g)
-            model.train()
-            print(f"update {step}: loss {loss.item():.4f}, one-chunk PSNR {float(psnr(x, held['target']).mean()):.2f} dB "
-                  f"(copy-last {copy_last:.2f} dB), {time.perf_counter() - t0:.0f} s", flush=True)
+    train, val = shrink(train, a.size), shrink(val, a.size)
+    tr, va = Transitions(train, 2, a.device), Transitions(val, 2, a.device)
+    norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
+    held = va.batch(torch.arange(va.size, device=a.device), a.view, a.view == "wrist", norm)
+    held["copy_last"] = float(psnr(held["frames"][:, 1], held["target"]).mean())
+    print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
+          f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
+    results = [probe(arch, tr, va, val, norm, held, a) for arch in archs]
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "copy_last": held["copy_last"], "results": results}, indent=2))
 
 
 if __name__ == "__main__":

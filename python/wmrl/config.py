@@ -295,8 +295,11 @@ class WorldModelConfig:
     action_dim: int = ACTION_DIM
     proprio_dim: int = PROPRIO_DIM
     condition_on_main: bool = False  # wrist model: also see the main view's current frame
-    channels: tuple[int, ...] = (64, 128, 256)  # U-Net widths per resolution level
-    blocks_per_level: int = 2
+    # U-Net widths per resolution level. Four levels, one block each: 46 GFLOP per training
+    # sample at 128 px against 195 for (64, 128, 256) x 2, which learned no faster per update
+    # (bench/RESULTS.md, "World models": the CPU probe and the H200 probe at 128 px)
+    channels: tuple[int, ...] = (32, 64, 128, 256)
+    blocks_per_level: int = 1
     cond_dim: int = 256  # noise level + actions + proprio embedding
     proprio_hidden: int = 256  # next-proprio head
     # EDM (Karras et al. 2022), as DIAMOND uses it
@@ -664,7 +667,7 @@ _PROFILES: dict[str, Profile] = {
         # micro batch 64 without accumulation: the same 64 samples per update in fewer, larger
         # kernels; both views on one H200 trained at 197.9 / 193.6 samples/s each against
         # 156.3 / 156.8 at 16 x 4 (bench/RESULTS.md, world models)
-        wm=WMProfile(train=WMTrainConfig(steps=500, micro_batch=64, grad_accum=1, save_interval=250,
+        wm=WMProfile(train=WMTrainConfig(steps=1500, micro_batch=64, grad_accum=1, save_interval=250,
                                          eval_interval=250)),
         reward=RewardConfig(steps=500),
         grpo=GRPOConfig(eval_interval=10),
