@@ -218,12 +218,13 @@ offline-install:
 #   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
+#   make wm-distill RUN=r     one-step students of both views                         RUN/worldmodels/*_student/
 #   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." [TRIALS=n REAL_TRIALS=n PAIR=d MANIFEST=f]
 #        imagined (held-out keyframes) vs real success per policy, Spearman, cost  PAIR/ranking.json
 #        (runs in .venv/train: it drives the real simulator too)
 WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)
 
-.PHONY: manifest wm-update wm-reward package wm-eval wm-rank
+.PHONY: manifest wm-update wm-reward package wm-eval wm-rank wm-distill
 
 manifest: setup
 	@test -n "$(DATA)$(REPLAY)" || { echo "error: give DATA=<this cycle's trajectories> and/or REPLAY=<demonstrations, earlier cycles>"; exit 2; }
@@ -240,7 +241,13 @@ wm-reward: setup
 
 package: setup
 	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \
-		$(OVER)
+		$(if $(call yes,$(STUDENTS)),--students) $(OVER)
+
+# Few-step students of both world models (wmrl.worldmodel.distill); STEPS, VIEW, DRY_RUN=1. Then
+# `make package STUDENTS=1 OVERWRITE=1` packs them as the pair GRPO imagines in.
+wm-distill: setup
+	$(WM_PY) python/wm_distill.py --profile $(PROFILE) --run $(RUN) $(call opt,--steps,$(STEPS)) \
+		$(call opt,--view,$(VIEW)) $(DRY)
 
 wm-eval: setup
 	$(WM_PY) python/wm_eval.py --run $(RUN) $(DRY)

@@ -14,9 +14,12 @@ returns only a few files).
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
-    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0 WM_BENCH=1]
+    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
+                               WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="64,128,256x2 32,64,128,256x1" MINUTES=2 VIEW=main
                                BATCH=64 LR=2e-4]   (world-model architectures at equal training time)
+    python3 bench/gpu.py distill RUN=runs/h200 [STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
+                               their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
@@ -103,7 +106,7 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
-                                                                  "bench/wm_probe.py"):
+                                                                  "bench/wm_probe.py", "wm_eval.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -242,6 +245,26 @@ def phase_probe(v: dict, env: dict) -> None:
                                             v.get("EVAL_EVERY", "250"), "--json", OUT / "wm_probe.json"], env)
 
 
+def phase_distill(v: dict, env: dict) -> None:
+    """One-step students of RUN's updated world models (after the wm phase, or a cycle's
+    RUN=runs/x/cycles/cycle_1): distil, pack them as a second pair beside the first, replay the
+    held-out episodes in both (wm_eval), and time imagination with the policy in the loop at the
+    teacher's and the student's number of sampling steps."""
+    run = v.get("RUN", "runs/h200")
+    stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress", *(["--steps", v["STEPS"]] if "STEPS" in v else [])],
+          env)
+    students = f"{run}/model_pair_students"
+    stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
+    for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):
+        stage(f"wm_eval_{name}", "wm_eval.py", ["--run", run, "--pair", pair, "--videos", "2"], env)
+    batches = v.get("BATCHES", "64,256")
+    for steps in ("3", "1"):
+        stage(f"imagine_{steps}step", "bench/wm_throughput.py", [
+            "--skip-training", "--sample-steps", steps, "--batch", max(batches.split(","), key=int), "--closed-loop",
+            batches, "--json", OUT / f"imagine_{steps}step.json"], env)
+    pack(Path(run), "distill")
+
+
 def phase_wmspeed(v: dict, env: dict) -> None:
     """What each world-model training speed option buys (bench/wm_throughput.py --variants)
     at each micro batch, with a torch.profiler table per variant (OUT/wm_ops_<micro>_<variant>.txt;
@@ -325,6 +348,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
           "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
+          "distill": phase_distill,
           "bimanual": phase_bimanual}
 
 

@@ -3,11 +3,13 @@ a plain PyTorch loop (bf16 autocast on a GPU), several architectures one after t
 the same data and the same time budget.
 
     python bench/wm_probe.py --manifest runs/x/manifest.json --view main --size 128 \
-        --arch 64,128,256x2 --arch 32,64,128,256x1 --minutes 2 --batch 64 --lr 2e-4 --json probe.json
+        --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
+        --lr 2e-4 --json probe.json
 
-``--arch C1,C2,...xB``: U-Net widths per level and blocks per level (the default profile's is
-``64,128,256x2``). Frames are area-downsampled to ``--size`` (one 128 px collection serves
-several sizes). Each evaluation reports, on the held-out episodes:
+``--arch C1,C2,...xB[@N]``: U-Net widths per level, blocks per level and optionally the
+context-noise augmentation's largest std (``WorldModelConfig.context_noise``); the default
+profile's is ``32,64,128,256x1``, the former default ``64,128,256x2``. Frames are
+area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out episodes:
 
 * one chunk ahead, teacher-forced (real context frames), against copying the last frame;
 * open loop over 5 and 10 chunks with the real actions (the model's own frames and proprio as
@@ -49,12 +51,15 @@ def shrink(episodes, size: int):
     return episodes
 
 
-def parse_arch(text: str) -> tuple[tuple[int, ...], int]:
-    widths, _, blocks = text.partition("x")
+def parse_arch(text: str, context_noise: float) -> tuple[tuple[int, ...], int, float]:
+    """``32,64,128,256x1`` or, with GameNGen's context-noise augmentation, ``32,64,128,256x1@0.3``."""
+    arch, _, noise = text.partition("@")
+    widths, _, blocks = arch.partition("x")
     try:
-        return tuple(int(c) for c in widths.split(",")), int(blocks or 1)
+        return tuple(int(c) for c in widths.split(",")), int(blocks or 1), float(noise or context_noise)
     except ValueError:
-        raise SystemExit(f"--arch {text!r}: write widths then blocks per level, e.g. 32,64,128,256x1") from None
+        raise SystemExit(f"--arch {text!r}: write widths, blocks per level and optionally the context noise, "
+                         "e.g. 32,64,128,256x1 or 32,64,128,256x1@0.3") from None
 
 
 @torch.no_grad()
@@ -99,13 +104,13 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
 
 
 def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
-    channels, blocks = arch
+    channels, blocks, noise = arch
     torch.manual_seed(0)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
-                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist")
+                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise)
     model = FrameWorldModel(cfg).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
-    name = f"{','.join(map(str, channels))}x{blocks}"
+    name = f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "")
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
     curve, trained, step = [], 0.0, 0
     budget = a.minutes * 60 if a.minutes else float("inf")
@@ -144,8 +149,11 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="widths,...xblocks (repeat to compare); default 32,64,128x1")
+    p.add_argument("--arch", action="append", help="widths,...xblocks[@context_noise] (repeat to compare); "
+                   "default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
+    p.add_argument("--context-noise", type=float, default=0.0,
+                   help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)
@@ -154,7 +162,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     a = p.parse_args()
-    archs = [parse_arch(s) for s in (a.arch or ["32,64,128x1"])]
+    archs = [parse_arch(s, a.context_noise) for s in (a.arch or ["32,64,128x1"])]
     _, train, val = load_split(a.manifest, 8)
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -231,6 +232,8 @@ def main() -> None:
                                                         f"{', '.join(VARIANTS)}")
     p.add_argument("--skip-imagination", action="store_true")
     p.add_argument("--trace", help="folder: a torch.profiler table and Chrome trace of each variant's updates")
+    p.add_argument("--sample-steps", type=int, help="Euler steps per imagined frame (default: the profile's; 1: a "
+                   "distilled student's, make wm-distill)")
     args = p.parse_args()
     import torch
     from wmrl.config import get_profile
@@ -241,6 +244,9 @@ def main() -> None:
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     prof = get_profile(args.profile).wm
+    if args.sample_steps:
+        prof = dataclasses.replace(prof, main=dataclasses.replace(prof.main, sample_steps=args.sample_steps),
+                                   wrist=dataclasses.replace(prof.wrist, sample_steps=args.sample_steps))
     machine = {"host": platform.node(), "cpu_cores": os.cpu_count(), "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None, "profile": args.profile,
                "image_size": prof.main.image_size}

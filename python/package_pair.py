@@ -20,6 +20,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--out", help="pair folder (default RUN/model_pair)")
     p.add_argument("--verify", metavar="PAIR", help="only verify an existing pair's hashes")
     p.add_argument("--profile", default="default", help="whose GRPO keyframe settings to use (default, tiny)")
+    p.add_argument("--students", action="store_true", help="pack the few-step students of make wm-distill "
+                   "(RUN/train/selected_students.json) instead of the update's models")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
@@ -35,15 +37,18 @@ def main(args) -> int:
         return 0
     if args.dry_run:
         cli.print_plan("package model pair", {"run": args.run, "out": args.out or f"{args.run}/model_pair",
-                                              "from": str(RunLayout(args.run).selection)})
+                                              "from": str(RunLayout(args.run).student_selection if args.students
+                                                          else RunLayout(args.run).selection)})
         return 0
     from wmrl.config import get_profile
 
     g = get_profile(args.profile).grpo
     path = package_pair(args.run, args.out, overwrite=args.overwrite, keyframe_max_chunk=g.keyframe_max_chunk,
-                        keyframes_per_task=g.keyframes_per_task, seed=g.seed)
+                        keyframes_per_task=g.keyframes_per_task, seed=g.seed, students=args.students)
     meta = json.loads(path.read_text())
-    print(f"[pair] {path}: main step {meta['models']['main']['step']}, wrist step {meta['models']['wrist']['step']}, "
+    steps = "/".join(str(meta["models"][v]["sample_steps"]) for v in ("main", "wrist"))
+    print(f"[pair] {path}: main step {meta['models']['main']['step']}, wrist step {meta['models']['wrist']['step']} "
+          f"({steps} sampling steps), "
           f"{meta['init_observations']['keyframes']} keyframes from {meta['init_observations']['episodes']} episodes")
     return 0
 

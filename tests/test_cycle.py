@@ -50,8 +50,8 @@ def new_run(tmp_path: Path, name: str = "run") -> Path:
 
 
 def job(run: Path, **kw) -> CycleJob:
-    kw.setdefault("report", False)
-    return CycleJob(run=run, cfg=get_config("cycle_tiny"), profile="tiny", train_py=FAKE, wm_py=FAKE, **kw)
+    kw = {"report": False, "cfg": get_config("cycle_tiny"), "profile": "tiny", **kw}
+    return CycleJob(run=run, train_py=FAKE, wm_py=FAKE, **kw)
 
 
 def test_dry_run_plans_every_stage_and_writes_nothing(tmp_path, calls):
@@ -309,3 +309,24 @@ def test_speedrun_takes_its_own_profile_unless_told():
     # and the same GRPO, which only evaluates at its last step there
     assert dataclasses.replace(fast.grpo, eval_interval=full.grpo.eval_interval) == full.grpo
     assert fast.sft.steps < full.sft.steps and fast.wm.train.steps < full.wm.train.steps
+
+
+def test_the_profile_caps_the_world_model_update_and_max_minutes_wins(tmp_path):
+    """The speedrun profile's world models stop after cycle.wm_max_minutes (the 20-minute budget);
+    the default profile has no limit; --max-minutes (MAX_MINUTES) overrides either."""
+    run = new_run(tmp_path)
+    wm = lambda **kw: next(s["command"] for s in plan(job(run, **kw)) if s["stage"] == "wm_update")  # noqa: E731
+    assert "--max-minutes" not in wm()
+    speedrun = get_config("cycle_speedrun")
+    assert f"--max-minutes {speedrun.wm_max_minutes}" in wm(cfg=speedrun, profile="speedrun")
+    assert "--max-minutes 2.0" in wm(cfg=speedrun, profile="speedrun", max_minutes=2.0)
+
+
+def test_the_background_evaluation_leaves_a_core_to_each_world_model_where_cores_are_many(tmp_path):
+    from wmrl.cycle import workers_beside_training
+
+    assert workers_beside_training(16) == 14 and workers_beside_training(4) == 4 and workers_beside_training(None) in (
+        None, len(os.sched_getaffinity(0)) - 2)
+    run = new_run(tmp_path)
+    cmd = next(s["command"] for s in plan(job(run, workers=16)) if s["stage"] == "evaluate_start")
+    assert "--workers 14" in cmd

@@ -310,6 +310,10 @@ class WorldModelConfig:
     sigma_max: float = 5.0
     rho: float = 7.0
     sample_steps: int = 3  # few Euler steps suffice for next-frame prediction (DIAMOND: 3)
+    # GameNGen's noise augmentation against open-loop drift: in training, Gaussian noise of a std
+    # drawn per sample from [0, context_noise] corrupts the conditioning frames, and the model is
+    # told the level; imagination conditions on its own frames at level 0. 0: off
+    context_noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
@@ -326,6 +330,8 @@ class WorldModelConfig:
             raise ConfigError(f"channels={self.channels}: each must be divisible by 8 (GroupNorm)")
         if not 0 < self.sigma_min < self.sigma_max:
             raise ConfigError("need 0 < sigma_min < sigma_max")
+        if not 0 <= self.context_noise <= 2:
+            raise ConfigError(f"context_noise={self.context_noise}: a std in [0, 2] for frames in [-1, 1]; 0 turns it off")
 
     @property
     def input_frames(self) -> int:
@@ -366,6 +372,31 @@ class WMTrainConfig:
                 raise ConfigError(f"world-model training: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.warmup < 0 or self.val_batches < 0:
             raise ConfigError("world-model training: lr > 0, warmup >= 0 and val_batches >= 0")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """A few-step student of each world model (``make wm-distill``): the teacher's multi-step
+    Euler sample from a noise draw is the target of the student's ``student_steps`` from the same
+    draw (Luhman & Luhman 2021, knowledge distillation of a sampler); the student starts as a
+    copy of the teacher. Imagination then runs ``sample_steps / student_steps`` times fewer
+    network calls per frame."""
+
+    steps: int = 1000  # updates per view
+    batch: int = 64
+    lr: float = 5e-5  # the student starts from the teacher: fine-tuning, not training
+    student_steps: int = 1  # Euler steps of the student's sampler
+    save_interval: int = 250
+    log_interval: int = 25
+    val_transitions: int = 256  # held-out transitions the report compares student and teacher on
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch", "student_steps", "save_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"wm distillation: {name}={getattr(self, name)} must be >= 1")
+        if self.lr <= 0 or self.val_transitions < 0:
+            raise ConfigError("wm distillation: lr > 0 and val_transitions >= 0")
 
 
 @dataclass(frozen=True)
@@ -588,14 +619,17 @@ class CycleConfig:
     wm_eval_episodes: int = 20  # held-out episodes replayed in the pair (agreement, fidelity)
     videos: int = 2  # real-vs-imagined videos in the report
     gpu_margin_gib: float = 3.5  # pre-flight: a selected GPU may have at most this much memory in use by others
+    # the world-model update's time limit in minutes (both views stop by the seed's rule once it
+    # is reached, or at wm.train.steps if sooner); 0: none. MAX_MINUTES on the command line wins
+    wm_max_minutes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.grpo_steps < 1:
             raise ConfigError(f"cycle.grpo_steps={self.grpo_steps}: must be >= 1 (GRPO_STEPS=20)")
         if not 0 < self.val_ratio < 1 or not 0 <= self.new_ratio <= 1:
             raise ConfigError("cycle: val_ratio in (0, 1) and new_ratio in [0, 1] (0.2 and 0.5 in the original)")
-        if self.wm_eval_episodes < 1 or self.videos < 0 or self.gpu_margin_gib < 0:
-            raise ConfigError("cycle: wm_eval_episodes >= 1, videos >= 0, gpu_margin_gib >= 0")
+        if self.wm_eval_episodes < 1 or self.videos < 0 or self.gpu_margin_gib < 0 or self.wm_max_minutes < 0:
+            raise ConfigError("cycle: wm_eval_episodes >= 1, videos >= 0, gpu_margin_gib >= 0, wm_max_minutes >= 0")
 
 
 @dataclass(frozen=True)
@@ -608,6 +642,7 @@ class Profile:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     wm: WMProfile = field(default_factory=WMProfile)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     cycle: CycleConfig = field(default_factory=CycleConfig)
@@ -643,6 +678,7 @@ _PROFILES: dict[str, Profile] = {
                      wrist=WorldModelConfig(view="wrist", condition_on_main=True, **_TINY_WM),
                      train=WMTrainConfig(steps=6, micro_batch=4, grad_accum=2, lr=2e-3, warmup=1, save_interval=3,
                                          eval_interval=3, log_interval=1, val_batches=1)),
+        distill=DistillConfig(steps=4, batch=4, lr=1e-3, save_interval=2, log_interval=1, val_transitions=8),
         reward=RewardConfig(channels=(8, 16), steps=20, batch=16, lr=3e-3),
         grpo=GRPOConfig(group_size=2, groups=2, max_chunks=3, lr=1e-3, lr_max=1e-2, minibatches=2, eval_interval=1,
                         full_interval=2, eval_trials=1, final_trials=1, tasks=(0,), keyframe_max_chunk=2,
@@ -652,13 +688,15 @@ _PROFILES: dict[str, Profile] = {
                               window=4, window_stride=2, val_fraction=0.25, libero_episodes=2),
     ),
     # `make speedrun` on one H200 (16 cores): the default models and algorithms, fewer of what
-    # the clock is spent on. Measured (bench/RESULTS.md, "make speedrun on one H200" and its
-    # rerun): 300 demonstrations 142 s, SFT 3,000 x 256 224 s, 200 collected episodes 97 s,
-    # 500 world-model updates per view 310 s at micro batch 16 x 4 (both views on the GPU
-    # while the start policy's 10 x 50 evaluation runs on the CPU cores), reward 115-138 s,
-    # GRPO's 10 steps in imagination ~120 s and the final 10 x 50 evaluation 181 s: ~21 min.
-    # GRPO evaluates only at its last step here (a 50-episode evaluation at step 5 cost 45 s
-    # and says little).
+    # the clock is spent on. Measured as one run (bench/RESULTS.md, "make speedrun on one H200,
+    # one run from nothing"): 300 demonstrations 111 s, SFT 3,000 x 256 197 s, 200 collected
+    # episodes 111 s, the world models 201 s for a 3-minute limit (~550 updates per view, both
+    # views on the GPU while the start policy's 10 x 50 evaluation runs beside them), reward 78 s,
+    # GRPO's 10 steps in imagination ~70 s and the final 10 x 50 evaluation ~165 s: 16.8 min.
+    # The world models get 2 of the 3 minutes left of the 20 (at most 1,500 updates, whose
+    # cosine schedule then ends, or 5 minutes: ~18.8 min, not yet measured), since they are
+    # what GRPO in imagination lacks. GRPO evaluates only at its last step here (a
+    # 50-episode evaluation at step 5 cost 45 s and says little).
     "speedrun": Profile(
         name="speedrun",
         demos=DemoConfig(episodes=30),
@@ -671,7 +709,7 @@ _PROFILES: dict[str, Profile] = {
                                          eval_interval=250)),
         reward=RewardConfig(steps=500),
         grpo=GRPOConfig(eval_interval=10),
-        cycle=CycleConfig(grpo_steps=10),
+        cycle=CycleConfig(grpo_steps=10, wm_max_minutes=5.0),
     ),
 }
 # Component names: "grpo" is the default profile's GRPO settings, "grpo_tiny" the tiny one's.

@@ -15,6 +15,8 @@ paths. The layout follows the original system's release (seed 000):
       worldmodels/{main,wrist}/              DeepSpeed checkpoints and inference weights per view
       worldmodels/reward/                    the reward model
       train/selected_world_models.json       the update's stop-rule selection
+      worldmodels/{main,wrist}_student/      few-step students (make wm-distill): weights, state.pt
+      train/selected_students.json           the students' newest weights (make package STUDENTS=1)
       model_pair/pair.json                   the packaged pair (world models, reward, keyframes)
       grpo/                                  GRPO's keyframe index, rollout log and curves
       logs/                                  JSONL logs, TensorBoard events, figures
@@ -106,6 +108,14 @@ class RunLayout:
     @property
     def selection(self) -> Path:
         return self.root / "train" / "selected_world_models.json"
+
+    def wm_student(self, view: str) -> Path:
+        """``worldmodels/VIEW_student``: the view's few-step student (make wm-distill)."""
+        return self.worldmodels / f"{view}_student"
+
+    @property
+    def student_selection(self) -> Path:
+        return self.root / "train" / "selected_students.json"
 
     @property
     def model_pair(self) -> Path:

@@ -116,6 +116,39 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
 
 
+def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
+    """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
+    draw), the level reaches the conditioning, and generation conditions on clean frames at
+    level 0; a model without it has no extra parameters (older weights keep loading)."""
+    from wmrl.config import override
+
+    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
+    plain, noisy = FrameWorldModel(TINY.main), FrameWorldModel(override(TINY.main, context_noise=0.5))
+    assert not any("context_noise" in k for k in plain.state_dict())
+    assert {k for k in noisy.state_dict()} - {k for k in plain.state_dict()} == {
+        f"context_noise_emb.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
+    x = torch.randn(4, 3, 64, 64)
+    sigma = torch.full((4,), 0.5)
+    args = (x, sigma, b["frames"], b["actions"], b["proprio"])
+    with torch.no_grad():
+        for p in noisy.parameters():  # zero-initialised output convolutions would hide the conditioning
+            p.add_(0.05 * torch.randn_like(p))
+        at_zero, default = noisy.denoise(*args, torch.zeros(4)), noisy.denoise(*args)
+        told = noisy.denoise(*args, torch.full((4,), 0.5))
+    torch.testing.assert_close(default, at_zero)  # generation's level is 0
+    assert not torch.allclose(told, at_zero)  # the level is an input
+    losses = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        losses.append(noisy.loss(**b)[0].item())
+    assert losses[0] == losses[1] != losses[2]
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    first, _ = noisy.generate(b["frames"], b["actions"], b["proprio"], generator=g())
+    again, _ = noisy.generate(b["frames"], b["actions"], b["proprio"], generator=g())
+    torch.testing.assert_close(first, again)  # no augmentation at inference
+
+
 def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
     """DeepSpeed's bf16 mode casts the weights; float32 inputs must still work."""
     torch.manual_seed(0)

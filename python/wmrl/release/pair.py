@@ -127,15 +127,17 @@ def keyframe_tensors(chosen: list[tuple[object, int]], context: int) -> tuple[di
 
 
 def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False,
-                 keyframe_max_chunk: int = 8, keyframes_per_task: int = 50, seed: int = 0) -> Path:
-    """Build RUN/model_pair from the update's selection, the reward model and the manifest."""
+                 keyframe_max_chunk: int = 8, keyframes_per_task: int = 50, seed: int = 0, students: bool = False) -> Path:
+    """Build RUN/model_pair from the update's selection (``students``: the few-step students of
+    ``make wm-distill`` instead), the reward model and the manifest."""
     from wmrl.data.manifest import load_manifest
     from wmrl.lineage import git_commit
     from wmrl.worldmodel.model import FrameWorldModel
 
     layout = RunLayout(run)
     out = Path(out or layout.model_pair)
-    sel = read_json(layout.selection, PairError, f"run the world-model update first (make wm-update RUN={run})")
+    sel = read_json(layout.student_selection, PairError, f"distil the world models first (make wm-distill RUN={run})") \
+        if students else read_json(layout.selection, PairError, f"run the world-model update first (make wm-update RUN={run})")
     load_manifest(layout.manifest, verify=True)
     if (out / "pair.json").exists() and not overwrite:
         raise FileExistsError(f"{out}/pair.json exists; pass --overwrite (OVERWRITE=1) to package again")
@@ -155,8 +157,9 @@ def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *
         "contract": {"image_size": cfgs["main"].image_size, "chunk_size": cfgs["main"].chunk_size,
                      "action_dim": ACTION_DIM, "proprio_dim": PROPRIO_DIM, "views": list(VIEWS),
                      "context": init_info["context"]},
-        "models": {"main": {"step": sel["main"]["step"], "stopped": sel["main"]["reason"], "source": str(sources["main"])},
-                   "wrist": {"step": sel["wrist"]["step"], "stopped": sel["wrist"]["reason"], "source": str(sources["wrist"])},
+        "models": {**{v: {"step": sel[v]["step"], "stopped": sel[v]["reason"], "source": str(sources[v]),
+                          "sample_steps": cfgs[v].sample_steps, **({"distilled_from": sel[v]["teacher"]} if students else {})}
+                      for v in VIEWS},
                    "reward": {"threshold": read_json(out / "reward" / "config.json", PairError, "")["threshold"]}},
         "init_observations": {"episodes": len(init_info["episodes"]), "keyframes": len(init_info["keyframes"]),
                               "per_task": init_info["per_task"]},

@@ -147,6 +147,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         act = cfg.chunk_size * cfg.action_dim
         self.noise_emb = nn.Sequential(FourierFeatures(c), nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
         self.act_emb = nn.Sequential(nn.Linear(act + cfg.proprio_dim, c), nn.SiLU(), nn.Linear(c, c))
+        if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
+            self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
         self.unet = UNet(3 * (1 + cfg.input_frames), 3, cfg.channels, cfg.blocks_per_level, c)
         h = cfg.proprio_hidden
         self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
@@ -178,10 +180,11 @@ class FrameWorldModel(Pretrained, nn.Module):
 
     # --------------------------------------------------------------------------- EDM pieces
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
-                proprio: torch.Tensor) -> torch.Tensor:
+                proprio: torch.Tensor, context_level: torch.Tensor | None = None) -> torch.Tensor:
         """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
         noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
-        actions (B, chunk, A) in [-1, 1]; proprio (B, P) normalised."""
+        actions (B, chunk, A) in [-1, 1]; proprio (B, P) normalised; ``context_level`` (B,):
+        the std of the noise already added to ``frames`` (training's augmentation; None: 0)."""
         dt = self.unet.stem.weight.dtype  # bf16 under DeepSpeed on a GPU: everything in one dtype
         noisy, sigma, frames, actions, proprio = (t.to(dt) for t in (noisy, sigma, frames, actions, proprio))
         sd = self.cfg.sigma_data
@@ -191,6 +194,9 @@ class FrameWorldModel(Pretrained, nn.Module):
         c_out = s * sd / torch.sqrt(s**2 + sd**2)
         c_noise = torch.log(sigma) / 4
         cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1))
+        if self.cfg.context_noise > 0:
+            level = sigma.new_zeros(sigma.shape) if context_level is None else context_level.to(dt)
+            cond = cond + self.context_noise_emb(level[:, None] / self.cfg.context_noise)
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -204,13 +210,18 @@ class FrameWorldModel(Pretrained, nn.Module):
 
     def loss(self, target: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
              next_proprio: torch.Tensor, proprio_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-        """EDM denoising loss on the next frame + MSE on the next proprio."""
+        """EDM denoising loss on the next frame + MSE on the next proprio (context frames
+        noised first when ``context_noise`` is on)."""
         cfg = self.cfg
         b = target.shape[0]
         target = target.float()
+        level = None
+        if cfg.context_noise > 0:
+            level = cfg.context_noise * torch.rand(b, device=target.device)
+            frames = frames.float() + level[:, None, None, None, None] * torch.randn(frames.shape, device=frames.device)
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
-        denoised = self.denoise(noisy, sigma, frames, actions, proprio).float()
+        denoised = self.denoise(noisy, sigma, frames, actions, proprio, level).float()
         weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2  # unit-variance targets (EDM)
         frame_loss = (weight[:, None, None, None] * (denoised - target) ** 2).mean()
         proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
@@ -231,13 +242,20 @@ class FrameWorldModel(Pretrained, nn.Module):
                  noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Next frame (B, 3, H, W) in [-1, 1] and next proprio (normalised), Euler sampling from
         ``noise`` (B, 3, H, W) standard normal (default: drawn from ``generator``)."""
-        steps = steps or self.cfg.sample_steps
         b, _, _, h, w = frames.shape
-        sig = self.sigmas(steps, frames.device)
         if noise is None:
             noise = torch.randn((b, 3, h, w), generator=generator, device=generator.device if generator else frames.device)
+        x = self.sample(noise, frames, actions, proprio, steps or self.cfg.sample_steps)
+        return x.clamp(-1, 1), self.next_proprio(actions, proprio).float()
+
+    def sample(self, noise: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
+               steps: int) -> torch.Tensor:
+        """The Euler sampler itself, ``steps`` network calls from ``noise`` to a frame (not yet
+        clamped); differentiable, so a few-step student can learn it (``wmrl.worldmodel.distill``)."""
+        b = frames.shape[0]
+        sig = self.sigmas(steps, frames.device)
         x = noise.to(frames.device) * sig[0]
         for i in range(steps):
             d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
-        return x.clamp(-1, 1), self.next_proprio(actions, proprio).float()
+        return x

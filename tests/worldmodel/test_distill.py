@@ -1,0 +1,113 @@
+"""Few-step students of the world models (``wmrl.worldmodel.distill``): they learn the teacher's
+sampler, resume bit for bit, refuse what cannot be distilled, and pack into a pair GRPO can
+imagine in. Tiny models on the CPU; the teachers are written directly (no DeepSpeed needed)."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from wmrl.config import VIEWS, get_config  # noqa: E402
+from wmrl.data.manifest import build_manifest  # noqa: E402
+from wmrl.fileio import write_json  # noqa: E402
+from wmrl.layout import RunLayout  # noqa: E402
+from wmrl.worldmodel.distill import DistillError, DistillJob, load_teachers, main  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = get_config("wm_tiny")
+CFG = get_config("distill_tiny")
+
+
+def teacher_run(root: Path, trajectories, sample_steps: int = 2) -> Path:
+    """A run with a manifest, both views' models (random weights) selected, and a reward model."""
+    from wmrl.worldmodel.reward import RewardModel
+
+    layout = RunLayout(root)
+    build_manifest(layout.manifest, [str(trajectories[0])], [str(trajectories[1])], seed=0)
+    sel = {}
+    for i, view in enumerate(VIEWS):
+        torch.manual_seed(i)
+        model = FrameWorldModel(dataclasses.replace(TINY.model(view), sample_steps=sample_steps))
+        for p in model.parameters():  # zero-initialised output layers would make every sampler agree
+            p.data.add_(0.05 * torch.randn_like(p))
+        path = layout.wm_view(view) / "global_step_4"
+        model.save_pretrained(path)
+        sel[view] = {"weights": str(path), "step": 4, "reason": "target"}
+    write_json(layout.selection, sel)
+    RewardModel(get_config("reward_tiny")).save_pretrained(layout.reward, meta={"threshold": 0.5})
+    return root
+
+
+def weights(path: Path) -> dict:
+    return FrameWorldModel.from_pretrained(path).state_dict()
+
+
+def test_students_learn_the_teachers_sampler_in_one_step(trajectories, tmp_path):
+    run = teacher_run(tmp_path / "run", trajectories)
+    out = main(DistillJob(run, dataclasses.replace(CFG, steps=20, log_interval=5, save_interval=10), progress=False))
+    sel = json.loads(RunLayout(run).student_selection.read_text())
+    for view in VIEWS:
+        student = FrameWorldModel.from_pretrained(sel[view]["weights"])
+        assert student.cfg.sample_steps == 1 and sel[view]["step"] == 20
+        assert student.saved_meta["distilled_from"]["sample_steps"] == 2
+        log = [json.loads(line) for line in (RunLayout(run).logs / f"wm_distill_{view}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in log] == [5, 10, 15, 20] and log[-1]["loss"] < log[0]["loss"]
+        report = out["reports"][view]
+        assert report["student"]["sample_steps"] == 1 and report["teacher"]["sample_steps"] == 2
+        assert json.loads((RunLayout(run).wm_student(view) / "report.json").read_text()) == report
+        # the proprio head is the teacher's, untouched
+        teacher = FrameWorldModel.from_pretrained(RunLayout(run).wm_view(view) / "global_step_4")
+        for k, v in teacher.state_dict().items():
+            if k.startswith("proprio_head"):
+                torch.testing.assert_close(student.state_dict()[k], v)
+
+
+def test_a_killed_distillation_resumes_bit_for_bit(trajectories, tmp_path):
+    straight = teacher_run(tmp_path / "straight", trajectories)
+    main(DistillJob(straight, CFG, views=("wrist",), progress=False))
+    split = teacher_run(tmp_path / "split", trajectories)
+    main(DistillJob(split, dataclasses.replace(CFG, steps=2), views=("wrist",), progress=False))  # "killed" at 2
+    main(DistillJob(split, CFG, views=("wrist",), progress=False))  # the same command again
+    a, b = (weights(RunLayout(r).wm_student("wrist") / "global_step_4") for r in (straight, split))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not RunLayout(split).student_selection.exists()  # one view only: no pair of students yet
+
+
+def test_bad_input_is_refused_before_any_update(trajectories, tmp_path):
+    with pytest.raises(DistillError, match="make wm-update"):
+        load_teachers(DistillJob(tmp_path / "empty", CFG))
+    run = teacher_run(tmp_path / "one_step", trajectories, sample_steps=1)
+    with pytest.raises(DistillError, match="nothing to distil"):
+        load_teachers(DistillJob(run, CFG))
+    other = teacher_run(tmp_path / "other", trajectories)
+    main(DistillJob(other, dataclasses.replace(CFG, steps=2), views=("main",), progress=False))
+    FrameWorldModel(TINY.main).save_pretrained(RunLayout(other).wm_view("main") / "global_step_4")  # a new teacher
+    with pytest.raises(DistillError, match="another main model"):
+        main(DistillJob(other, CFG, views=("main",), progress=False))
+
+
+def test_students_pack_into_a_pair_that_imagines_in_one_step(trajectories, tmp_path):
+    from wmrl.release.pair import load_pair
+
+    run = teacher_run(tmp_path / "run", trajectories)
+    r = subprocess.run([sys.executable, "python/wm_distill.py", "--profile", "tiny", "--run", str(run), "--dry-run"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "plan: world-model distillation" in r.stdout and not RunLayout(run).wm_student(
+        "main").exists()
+    r = subprocess.run([sys.executable, "python/wm_distill.py", "--profile", "tiny", "--run", str(run), "--no-progress"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1-step student vs 2-step teacher" in r.stdout
+    r = subprocess.run([sys.executable, "python/package_pair.py", "--profile", "tiny", "--run", str(run), "--students"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pair = load_pair(RunLayout(run).model_pair)
+    assert {v: pair.meta["models"][v]["sample_steps"] for v in VIEWS} == {"main": 1, "wrist": 1}
+    assert pair.meta["models"]["main"]["distilled_from"].endswith("main/global_step_4")
+    assert FrameWorldModel.from_pretrained(pair.part("wrist")).cfg.sample_steps == 1
