@@ -105,7 +105,7 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
 
 def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
     channels, blocks, noise = arch
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
                            cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise)
     model = FrameWorldModel(cfg).to(a.device)
@@ -159,6 +159,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     a = p.parse_args()

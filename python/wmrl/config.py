@@ -384,7 +384,7 @@ class DistillConfig:
 
     steps: int = 1000  # updates per view
     batch: int = 64
-    lr: float = 5e-5  # the student starts from the teacher: fine-tuning, not training
+    lr: float = 1e-4  # the student starts from the teacher: fine-tuning, not training
     student_steps: int = 1  # Euler steps of the student's sampler
     save_interval: int = 250
     log_interval: int = 25
