@@ -18,7 +18,7 @@ returns only a few files).
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="64,128,256x2 32,64,128,256x1" MINUTES=2 VIEW=main
                                BATCH=64 LR=2e-4]   (world-model architectures at equal training time)
-    python3 bench/gpu.py distill RUN=runs/h200 [STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
+    python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
                                their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
@@ -251,8 +251,8 @@ def phase_distill(v: dict, env: dict) -> None:
     held-out episodes in both (wm_eval), and time imagination with the policy in the loop at the
     teacher's and the student's number of sampling steps."""
     run = v.get("RUN", "runs/h200")
-    stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress", *(["--steps", v["STEPS"]] if "STEPS" in v else [])],
-          env)
+    stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress",  # its own name: it chains after wm (STEPS)
+                                          *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else [])], env)
     students = f"{run}/model_pair_students"
     stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
     for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):
