@@ -73,16 +73,19 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
         init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256)
 
 
-def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
+def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False
                ) -> tuple[dict, list[Episode], list[Episode]]:
     """The manifest (every file's hash checked first) and its training / validation episodes,
-    files read in parallel by ``workers`` processes (0: one per core)."""
+    files read in parallel by ``workers`` processes (0: one per core). ``validate``: each file
+    also passes the schema validator first, in the worker that reads it (a file that fails
+    raises ``TrajectoryError``, naming the problems)."""
     from wmrl.data.manifest import load_manifest
 
     manifest, files = load_manifest(manifest_path, verify=verify)
     from wmrl.data.parallel import map_files
 
-    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source, f.sha256) for f in files], workers)
+    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source, f.sha256, validate) for f in files],
+                         workers)
     train, val = [], []
     for f, episodes in zip(files, per_file):
         for i, ep in episodes:
@@ -93,7 +96,14 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0
 def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     import h5py
 
-    path, n, chunk, source, sha = job
+    path, n, chunk, source, sha, validate = job
+    if validate:
+        from wmrl.data.validate import validate_file
+
+        report = validate_file(path)
+        if not report.ok:
+            raise TrajectoryError(f"{path} fails validation ({'; '.join(report.problems[:3])}); see `make validate "
+                                  f"DATA={path}`, then rebuild the manifest without it")
     out = []
     with h5py.File(path, "r") as h:
         for i in range(n):

@@ -104,17 +104,6 @@ def init_distributed(on_gpu: bool) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def check_files(files) -> None:
-    """Every trajectory file of the manifest passes the schema validator."""
-    from wmrl.data.validate import validate_file
-
-    for f in files:
-        report = validate_file(f.path)
-        if not report.ok:
-            raise WMConfigError(f"{f.path} fails validation ({'; '.join(report.problems[:3])}); "
-                                f"see `make validate DATA={f.path}`, then rebuild the manifest without it")
-
-
 def check_resume(state_file: Path, world: int) -> None:
     """A DeepSpeed checkpoint resumes only with the world size it was saved with, and only
     when every file of it is the one written (SHA-256 recorded at save; DeepSpeed's own load
@@ -163,14 +152,18 @@ def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
 def _load_data(job: WMJob, device):
     """Manifest (hashes verified first) -> training and validation transitions."""
     from wmrl.data.manifest import load_manifest
+    from wmrl.data.trajectory import TrajectoryError
     from wmrl.worldmodel.data import Transitions, load_split
 
-    _, files = load_manifest(job.manifest, verify=True)
-    check_files(files)
+    load_manifest(job.manifest, verify=True)
     # both views load at once, and every rank of a GPU group: share the cores among them
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"  # torchrun / DeepSpeed
     per_rank = len(os.sched_getaffinity(0)) // (2 * int(local))
-    manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False, workers=max(1, per_rank))
+    try:  # every file validated by the worker that decodes it (one pass over the files, in parallel)
+        manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False, workers=max(1, per_rank),
+                                          validate=True)
+    except TrajectoryError as e:
+        raise WMConfigError(str(e)) from None
     size = {e.main.shape[1] for e in train + val}
     if size != {job.model.image_size}:
         raise WMConfigError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
