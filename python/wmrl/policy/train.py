@@ -93,7 +93,8 @@ def find_resume(job: SFTJob) -> ck.CheckpointInfo | None:
         return None
     if job.resume in ("no", "none", "fresh"):
         if cks:
-            raise ck.CheckpointError(f"{ck.policy_dir(job.run, KIND)} already holds checkpoints; choose another RUN to start afresh")
+            raise ck.CheckpointError(f"{ck.policy_dir(job.run, KIND)} already holds checkpoints; "
+                                     "choose another RUN to start afresh")
         return None
     try:
         step = int(job.resume)
@@ -452,6 +453,10 @@ def main(job: SFTJob) -> dict:
                 full = step % sc.full_interval == 0 or step == S.stop
                 saved.append(str(save(S, job, step, full, dict(last))))
             bar.update(1)
+        if S.world > 1:  # rank 0 saved last: leave together (see wmrl.rl.ranks.close), not on an error
+            import torch.distributed as dist
+
+            dist.barrier()
     finally:
         bar.close()
         metrics.close()
