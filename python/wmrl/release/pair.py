@@ -136,8 +136,9 @@ def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *
 
     layout = RunLayout(run)
     out = Path(out or layout.model_pair)
-    sel = read_json(layout.student_selection, PairError, f"distil the world models first (make wm-distill RUN={run})") \
-        if students else read_json(layout.selection, PairError, f"run the world-model update first (make wm-update RUN={run})")
+    sel_file, missing = ((layout.student_selection, f"distil the world models first (make wm-distill RUN={run})")
+                         if students else (layout.selection, f"run the world-model update first (make wm-update RUN={run})"))
+    sel = read_json(sel_file, PairError, missing)
     load_manifest(layout.manifest, verify=True)
     if (out / "pair.json").exists() and not overwrite:
         raise FileExistsError(f"{out}/pair.json exists; pass --overwrite (OVERWRITE=1) to package again")

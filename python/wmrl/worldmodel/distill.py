@@ -86,8 +86,9 @@ def _draw(cfg: DistillConfig, step: int, view_index: int, n: int, shape: tuple[i
     return torch.randint(n, (cfg.batch,), generator=g), torch.randn((cfg.batch, *shape), generator=g)
 
 
-def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) -> dict:
-    """Distil one view to ``job.cfg.steps`` updates; returns the selection entry."""
+def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) -> tuple[dict, object, object]:
+    """Distil one view to ``job.cfg.steps`` updates; returns the selection entry, the student
+    and the teacher."""
     from tqdm import tqdm
 
     from wmrl.logs import MetricsLog
@@ -140,8 +141,9 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
         if step % cfg.save_interval == 0 or step == cfg.steps:
             save(out, student, opt, step, teacher_info, cfg)
     bar.close()
-    return {"weights": str(out / step_name(step)), "step": step, "reason": "finished",
-            "teacher": str(teacher_info["weights"]), "sample_steps": cfg.student_steps}
+    entry = {"weights": str(out / step_name(step)), "step": step, "reason": "finished",
+             "teacher": str(teacher_info["weights"]), "sample_steps": cfg.student_steps}
+    return entry, student, teacher
 
 
 def save(out: Path, student, opt, step: int, teacher_info: dict, cfg: DistillConfig) -> None:
@@ -189,7 +191,6 @@ def main(job: DistillJob) -> dict:
     from wmrl.device import pick_device
     from wmrl.procs import exclusive
     from wmrl.worldmodel.data import Transitions, load_split
-    from wmrl.worldmodel.model import FrameWorldModel
 
     teachers = load_teachers(job)
     device = pick_device(job.device)
@@ -205,10 +206,8 @@ def main(job: DistillJob) -> dict:
     selection, reports = {}, {}
     with exclusive(layout.worldmodels, "make wm-distill"):
         for view, info in teachers.items():
-            selection[view] = distill_view(job, view, info, train, device)
+            selection[view], student, teacher = distill_view(job, view, info, train, device)
             if val is not None and job.cfg.val_transitions:
-                student = FrameWorldModel.from_pretrained(selection[view]["weights"], device)
-                teacher = FrameWorldModel.from_pretrained(info["weights"], device)
                 reports[view] = compare(student, teacher, val, view, job.cfg.val_transitions, device)
                 write_json(layout.wm_student(view) / "report.json", reports[view])
         if set(selection) == set(VIEWS):
