@@ -6,9 +6,11 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch C1,C2,...xB[@N]``: U-Net widths per level, blocks per level and optionally the
-context-noise augmentation's largest std (``WorldModelConfig.context_noise``); the default
-profile's is ``32,64,128,256x1``, the former default ``64,128,256x2``. Frames are
+``--arch [pP:]C1,C2,...xB[@N]``: optionally the pixel patch folded into channels before the
+U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32), the U-Net widths per
+level, blocks per level and optionally the context-noise augmentation's largest std
+(``WorldModelConfig.context_noise``); the default profile's is ``32,64,128,256x1``, the former
+default ``64,128,256x2``. Frames are
 area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out episodes:
 
 * one chunk ahead, teacher-forced (real context frames), against copying the last frame;
@@ -37,6 +39,9 @@ from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import psnr  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel, images_to_unit  # noqa: E402
+from wm_throughput import flops_per_sample  # noqa: E402  (bench/, this script's folder)
+
+H200_PEAK = 790e12  # dense bf16 FLOP/s: the MFU printed on a GPU is against this
 
 OPEN_LOOP = (5, 10)
 
@@ -51,15 +56,20 @@ def shrink(episodes, size: int):
     return episodes
 
 
-def parse_arch(text: str, context_noise: float) -> tuple[tuple[int, ...], int, float]:
-    """``32,64,128,256x1`` or, with GameNGen's context-noise augmentation, ``32,64,128,256x1@0.3``."""
-    arch, _, noise = text.partition("@")
+def parse_arch(text: str, context_noise: float) -> tuple[tuple[int, ...], int, float, int]:
+    """``32,64,128,256x1``; with GameNGen's context-noise augmentation ``32,64,128,256x1@0.3``;
+    on 4 x 4 pixel patches ``p4:128,256,256x1``."""
+    patch, _, rest = text.rpartition(":")
+    arch, _, noise = rest.partition("@")
     widths, _, blocks = arch.partition("x")
     try:
-        return tuple(int(c) for c in widths.split(",")), int(blocks or 1), float(noise or context_noise)
+        if patch and not patch.startswith("p"):
+            raise ValueError
+        return (tuple(int(c) for c in widths.split(",")), int(blocks or 1), float(noise or context_noise),
+                int(patch[1:] or 1))
     except ValueError:
-        raise SystemExit(f"--arch {text!r}: write widths, blocks per level and optionally the context noise, "
-                         "e.g. 32,64,128,256x1 or 32,64,128,256x1@0.3") from None
+        raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level and the context "
+                         "noise (optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3 or p4:128,256,256x1") from None
 
 
 @torch.no_grad()
@@ -104,14 +114,16 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
 
 
 def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
-    channels, blocks, noise = arch
+    channels, blocks, noise, patch = arch
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
-                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise)
+                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise, patch=patch)
     model = FrameWorldModel(cfg).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
-    name = f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "")
-    print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+    name = (f"p{patch}:" if patch > 1 else "") + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "")
+    flops = flops_per_sample(model, cfg, a.device)
+    print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
+          "sample (forward + backward)", flush=True)
     curve, trained, step = [], 0.0, 0
     budget = a.minutes * 60 if a.minutes else float("inf")
     next_eval = a.eval_every
@@ -135,13 +147,16 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
         last = step >= a.steps or trained >= budget
         if step >= next_eval or last:
             next_eval += a.eval_every
-            r = {"update": step, "train_s": round(trained, 1), "samples_per_s": round(step * a.batch / trained, 1),
+            rate = step * a.batch / trained
+            r = {"update": step, "train_s": round(trained, 1), "samples_per_s": round(rate, 1),
+                 **({"mfu_h200": round(rate * flops / H200_PEAK, 4)} if a.device == "cuda" else {}),
                  "loss": round(loss.item(), 4), **evaluate(model, held, val_eps, a.view, norm, a.device)}
             curve.append(r)
             ol = "; ".join(f"{k} chunks {v['psnr']:.2f} (held {v['static']:.2f})" for k, v in r["open_loop"].items())
             print(f"update {step}: loss {r['loss']:.4f}, one chunk {r['one_chunk']:.2f} dB (copy-last "
                   f"{held['copy_last']:.2f}); open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
-    return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "curve": curve}
+    return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
+            "curve": curve}
 
 
 def main() -> None:
@@ -149,7 +164,7 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="widths,...xblocks[@context_noise] (repeat to compare); "
+    p.add_argument("--arch", action="append", help="[pP:]widths,...xblocks[@context_noise] (repeat to compare); "
                    "default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,

@@ -300,6 +300,11 @@ class WorldModelConfig:
     # (bench/RESULTS.md, "World models": the CPU probe and the H200 probe at 128 px)
     channels: tuple[int, ...] = (32, 64, 128, 256)
     blocks_per_level: int = 1
+    # Pixel patches folded into channels before the U-Net (space-to-depth, "simple diffusion"'s
+    # patching): patch 4 turns a 128 px frame into 32 x 32 x 48, so the first level runs wide
+    # convolutions on 16x fewer positions. Lossless (a reshape, unlike an autoencoder's latents);
+    # 1: none
+    patch: int = 1
     cond_dim: int = 256  # noise level + actions + proprio embedding
     proprio_hidden: int = 256  # next-proprio head
     # EDM (Karras et al. 2022), as DIAMOND uses it
@@ -322,10 +327,12 @@ class WorldModelConfig:
             raise ConfigError("condition_on_main is for the wrist model only (the main model is its own source)")
         if self.context < 1 or self.chunk_size < 1 or self.sample_steps < 1:
             raise ConfigError("world model: context, chunk_size and sample_steps must be >= 1")
-        down = 2 ** (len(self.channels) - 1)
+        if self.patch < 1:
+            raise ConfigError(f"patch={self.patch}: pixels per side folded into channels, >= 1 (1: none)")
+        down = self.patch * 2 ** (len(self.channels) - 1)
         if not self.channels or self.image_size % down:
             raise ConfigError(f"image_size={self.image_size} must be divisible by {down} "
-                              f"(2 ** (levels - 1) for channels={self.channels})")
+                              f"(patch x 2 ** (levels - 1) for patch={self.patch}, channels={self.channels})")
         if any(c % 8 for c in self.channels):
             raise ConfigError(f"channels={self.channels}: each must be divisible by 8 (GroupNorm)")
         if not 0 < self.sigma_min < self.sigma_max:
@@ -474,7 +481,8 @@ class BundleConfig:
         if not 16 <= self.image_size <= 256 or self.image_size % 8:
             raise ConfigError(f"image_size={self.image_size}: use a multiple of 8 in 16..256 (64 on CPU)")
         if self.frame_stride < 1 or self.max_steps < self.frame_stride:
-            raise ConfigError(f"frame_stride={self.frame_stride}, max_steps={self.max_steps}: need 1 <= frame_stride <= max_steps")
+            raise ConfigError(f"frame_stride={self.frame_stride}, max_steps={self.max_steps}: "
+                              "need 1 <= frame_stride <= max_steps")
         if self.window < 1 or self.window_stride < 1:
             raise ConfigError("window and window_stride must be >= 1")
         if not 0 <= self.val_fraction < 1:

@@ -116,6 +116,38 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
 
 
+def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(trajectories):
+    """patch=2 folds each 2 x 2 pixel patch into channels before the U-Net and back after it:
+    the U-Net sees a quarter of the positions with 4x the channels, frames keep their size,
+    and a few updates on one batch lower its loss; a size the patch does not divide is refused."""
+    from wmrl.config import ConfigError, override
+
+    torch.manual_seed(0)
+    cfg = override(TINY.wrist, patch=2)
+    model = FrameWorldModel(cfg)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    b = t.batch(torch.arange(6), "wrist", True, proprio_stats(t))
+    seen = []
+    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    frame, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
+    assert frame.shape == (6, 3, 64, 64)
+    assert seen[0] == (6, 3 * 4 * (1 + cfg.input_frames), 32, 32)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss_at_seed_0():
+        torch.manual_seed(0)  # the same noise levels and noise every time
+        return model.loss(**b)[0]
+
+    first = loss_at_seed_0().item()
+    for _ in range(15):
+        opt.zero_grad()
+        loss_at_seed_0().backward()
+        opt.step()
+    assert loss_at_seed_0().item() < 0.8 * first
+    with pytest.raises(ConfigError, match="patch=3"):
+        override(TINY.main, patch=3)
+
+
 def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
     """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
     draw), the level reaches the conditioning, and generation conditions on clean frames at

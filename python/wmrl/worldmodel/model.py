@@ -5,6 +5,7 @@ actions of the chunk and the proprio, it generates that view's frame at the end 
 and predicts the proprio there::
 
     noisy next frame (3 ch) ++ context frames (3 x context ch) [++ main view's frame]
+        [--> p x p patches folded into channels (``patch``)]
         --> U-Net with adaptive GroupNorm, conditioned on (noise level, actions, proprio)
         --> denoised next frame            (EDM preconditioning, DIAMOND's recipe)
     proprio, actions --> MLP --> next proprio (normalised delta)
@@ -149,7 +150,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         self.act_emb = nn.Sequential(nn.Linear(act + cfg.proprio_dim, c), nn.SiLU(), nn.Linear(c, c))
         if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
             self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
-        self.unet = UNet(3 * (1 + cfg.input_frames), 3, cfg.channels, cfg.blocks_per_level, c)
+        pp = cfg.patch * cfg.patch  # space-to-depth: each p x p patch of 3 channels becomes 3 p^2 channels
+        self.unet = UNet(3 * pp * (1 + cfg.input_frames), 3 * pp, cfg.channels, cfg.blocks_per_level, c)
         h = cfg.proprio_hidden
         self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
                                           nn.Linear(h, cfg.proprio_dim))
@@ -198,9 +200,14 @@ class FrameWorldModel(Pretrained, nn.Module):
             level = sigma.new_zeros(sigma.shape) if context_level is None else context_level.to(dt)
             cond = cond + self.context_noise_emb(level[:, None] / self.cfg.context_noise)
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
+        if self.cfg.patch > 1:
+            x = F.pixel_unshuffle(x, self.cfg.patch)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        return c_skip * noisy + c_out * self.unet(x, cond)
+        out = self.unet(x, cond)
+        if self.cfg.patch > 1:
+            out = F.pixel_shuffle(out, self.cfg.patch)
+        return c_skip * noisy + c_out * out
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Normalised proprio after the chunk (a residual on the current one)."""
