@@ -113,6 +113,26 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
     return out
 
 
+@torch.no_grad()
+def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> float:
+    """Frames per second this one view generates (``sample_steps`` Euler steps each), ``batch``
+    at once, bf16 on a GPU: the imagination side of an architecture's cost."""
+    idx = torch.arange(batch, device=device) % held["target"].shape[0]
+    args = (held["frames"][idx], held["actions"][idx], held["proprio"][idx])
+    model.eval()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        model.generate(*args)  # warm-up (cuDNN picks its kernels)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            model.generate(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    model.train()
+    return batch * repeats / (time.perf_counter() - t0)
+
+
 def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
     channels, blocks, noise, patch = arch
     torch.manual_seed(a.seed)
@@ -155,8 +175,11 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
             ol = "; ".join(f"{k} chunks {v['psnr']:.2f} (held {v['static']:.2f})" for k, v in r["open_loop"].items())
             print(f"update {step}: loss {r['loss']:.4f}, one chunk {r['one_chunk']:.2f} dB (copy-last "
                   f"{held['copy_last']:.2f}); open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+    gen_batch = 256 if a.device == "cuda" else 16
+    rate = generation_rate(model, held, gen_batch, a.device)
+    print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
     return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
-            "curve": curve}
+            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "curve": curve}
 
 
 def main() -> None:
