@@ -38,25 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wmrl.bimanual.config import NON_ARCH_MODEL_KEYS, PARENT_STAGE, REFERENCE_STAGE, StageConfig
-from wmrl.bimanual.train import (Dist, StageState, TrainError, _torch_load, bind_root, build_model, describe_root,
+from wmrl.bimanual.config import PARENT_STAGE, REFERENCE_STAGE, StageConfig
+from wmrl.bimanual.train import (Dist, StageState, TrainError, _torch_load, bind_root, build_model, check_architecture,
+                                 describe_root,
                                  load_regular_weights, make_scheduler, read_root, resolve, run_meta, start_run,
                                  save_root)
 from wmrl.fileio import sha256_file
 
 
 # ----------------------------------------------------------------------------- the plan
-def check_architecture(cfg: StageConfig, meta: dict[str, Any], where: str) -> None:
-    """[model] must equal the one a root was trained with (all but the sampling steps)."""
-    theirs = (meta.get("config") or {}).get("model") or meta.get("model")
-    if not theirs:
-        return  # a hand-made root records none: the strict weight load still checks every shape
-    mine = cfg.to_dict()["model"]
-    diff = [f"{k} {mine[k]} vs {theirs.get(k)}" for k in mine if k not in NON_ARCH_MODEL_KEYS and mine[k] != theirs.get(k)]
-    if diff:
-        raise TrainError(f"{where}: [model] differs from that root's ({', '.join(diff)}); use the values its run was trained with")
-
-
 def start_weights(meta: dict[str, Any]) -> str:
     """Which weights of a root a distillation stage starts from: the EMA, where it has one."""
     return "net_ema" if (meta.get("config") or {}).get("ema", {}).get("enabled", True) else "net"
@@ -149,13 +139,16 @@ def self_forcing_rollout(student, batch, schedule, grad_level: int | None):
     with torch.no_grad():
         student.push_clean(cache, video[:, :1], torch.arange(1, device=dev), act[:, :1], am[:, :1], dom, cap)
     out = [video[:, :1]]
+    last = video[:, 0]  # the clean frame before the next block (model.residual's anchor)
     blocks = student.frame_block(torch.arange(f, device=dev))
     for blk in range(1, int(blocks[-1]) + 1):
         idx = torch.nonzero(blocks == blk).flatten()
-        x = student.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, grad_level=grad_level)
+        x = student.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, grad_level=grad_level, last=last)
         out.append(x)
+        last = x.detach().clamp(-1, 1)
         with torch.no_grad():  # inference pushes clamped blocks: so does training
-            student.push_clean(cache, x.detach().clamp(-1, 1), idx, act[:, idx], am[:, idx], dom, cap)
+            student.push_clean(cache, last, idx, act[:, idx], am[:, idx], dom, cap)
+        last = last[:, -1]
     return torch.cat(out, 1)
 
 

@@ -139,8 +139,11 @@ class VideoWorldModel(nn.Module):
         e = self.caption_embed(ids) * mask[..., None]
         return self.caption_proj(e.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
 
-    def _forward(self, frames, frame_idx, t, act, amask, domain, cap_vec, mask=None, cache=None, append=False):
-        """frames (B,S,3,H,W), frame_idx (S,), t (B,S), act/amask (B,S,A) -> x0 (B,S,3,H,W)."""
+    def _forward(self, frames, frame_idx, t, act, amask, domain, cap_vec, mask=None, cache=None, append=False,
+                 anchor=None):
+        """frames (B,S,3,H,W), frame_idx (S,), t (B,S), act/amask (B,S,A) -> x0 (B,S,3,H,W);
+        ``anchor`` (B,S,3,H,W): with ``model.residual``, each frame's last clean frame before its
+        block, to which the network's output is added."""
         b, s = frames.shape[:2]
         n = self.tokens_per_frame
         x = self.patch_embed(self.patchify(frames)).view(b, s, n, -1)
@@ -153,7 +156,17 @@ class VideoWorldModel(nn.Module):
         for blk, kv in zip(self.blocks, caches):
             x = blk(x, c, mask, kv, append)
         sh, sc = self.final_ada(F.silu(c)).chunk(2, -1)
-        return self.unpatchify(self.out(modulate(self.final_norm(x), sh, sc)), s)
+        out = self.unpatchify(self.out(modulate(self.final_norm(x), sh, sc)), s)
+        return out if anchor is None else anchor + out
+
+    def block_anchor(self, last: torch.Tensor, s: int) -> torch.Tensor | None:
+        """The anchor of a block of ``s`` frames generated after the clean frame ``last``
+        (B,3,H,W), or None without ``model.residual``."""
+        if not self.cfg.residual:
+            return None
+        if last is None:
+            raise ValueError("model.residual: generating a block needs the last clean frame before it (anchor=)")
+        return last[:, None].expand(-1, s, *last.shape[1:])
 
     @staticmethod
     def frame_actions(actions, action_mask):
@@ -180,7 +193,8 @@ class VideoWorldModel(nn.Module):
         idx = torch.arange(f, device=noisy.device)
         mask = self._token_mask(torch.ones(f, f, dtype=torch.bool, device=noisy.device), batch["frame_mask"])
         cap = self.caption_vector(batch["caption_ids"], batch["caption_mask"])
-        return self._forward(noisy, idx, t, act, am, batch["domain_id"], cap, mask)
+        anchor = noisy[:, :1].expand_as(noisy) if self.cfg.residual else None  # frame 0 is the clean one
+        return self._forward(noisy, idx, t, act, am, batch["domain_id"], cap, mask, anchor=anchor)
 
     def teacher_forcing_mask(self, f: int, device) -> torch.Tensor:
         """Frame-level mask for [clean 0..f-2 | noisy 1..f-1] (see the module doc)."""
@@ -204,8 +218,13 @@ class VideoWorldModel(nn.Module):
         frames = torch.cat([clean[:, : f - 1], noisy[:, 1:]], 1)
         tt = torch.cat([torch.zeros_like(t[:, : f - 1]), t[:, 1:]], 1)
         cap = self.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        anchor = None
+        if self.cfg.residual:  # noisy frame j's block starts after clean frame ((j - 1) // k) * k
+            k = self.cfg.block_frames
+            last = (torch.arange(1, f, device=dev) - 1) // k * k
+            anchor = torch.cat([clean[:, : f - 1], clean[:, last]], 1)  # the clean half's outputs are unused
         v = self._forward(frames, idx, tt, torch.cat([act[:, : f - 1], act[:, 1:]], 1),
-                          torch.cat([am[:, : f - 1], am[:, 1:]], 1), batch["domain_id"], cap, mask)
+                          torch.cat([am[:, : f - 1], am[:, 1:]], 1), batch["domain_id"], cap, mask, anchor=anchor)
         return v[:, f - 1 :]  # predictions for frames 1..T
 
     # ------------------------------------------------------------------ generation (cache)
@@ -226,32 +245,38 @@ class VideoWorldModel(nn.Module):
         self._forward(frames, frame_idx, t, act, am, domain, cap_vec, mask, cache, append=True)
 
     @torch.no_grad()
-    def denoise_block(self, cache, frame_idx, act, am, domain, cap_vec, steps: int, generator=None):
-        """Generate the frames of one block from noise, attending to the cache."""
+    def denoise_block(self, cache, frame_idx, act, am, domain, cap_vec, steps: int, generator=None, last=None):
+        """Generate the frames of one block from noise, attending to the cache (``last``: the
+        clean frame before the block, the anchor of ``model.residual``)."""
         b, s = act.shape[0], len(frame_idx)
+        anchor = self.block_anchor(last, s)
         x = torch.randn(b, s, 3, self.image_size, self.image_size, device=act.device, generator=generator)
         ts = torch.linspace(1.0, 0.0, steps + 1, device=act.device)
         for i in range(steps):
-            x0 = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False)
+            x0 = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False,
+                               anchor=anchor)
             v = (x - x0) / ts[i].clamp(min=T_MIN)
             x = x + (ts[i + 1] - ts[i]) * v  # the last step lands on x0
         return x.clamp(-1, 1)
 
-    def jump_block(self, cache, frame_idx, act, am, domain, cap_vec, schedule, generator=None, grad_level: int | None = None):
-        """Few-step generation of one block along ``schedule`` (see the module doc).
+    def jump_block(self, cache, frame_idx, act, am, domain, cap_vec, schedule, generator=None, grad_level: int | None = None,
+                   last=None):
+        """Few-step generation of one block along ``schedule`` (see the module doc); ``last`` as
+        in ``denoise_block``.
 
         ``grad_level``: stop at that level and return its prediction with gradients, unclamped
         (Stage 3 trains a random exit level per rollout, as self-forcing does); the levels before
         it run without gradients. Without it: every level, no gradients, clamped to [-1, 1]."""
         b, s = act.shape[0], len(frame_idx)
         shape = (b, s, 3, self.image_size, self.image_size)
+        anchor = self.block_anchor(last, s)
         x = torch.randn(shape, device=act.device, generator=generator)
-        last = len(schedule) - 1 if grad_level is None else grad_level
-        for i in range(last + 1):
+        end = len(schedule) - 1 if grad_level is None else grad_level
+        for i in range(end + 1):
             t = torch.full((b, s), float(schedule[i]), device=act.device)
             with torch.set_grad_enabled(grad_level is not None and i == grad_level and torch.is_grad_enabled()):
-                x0 = self._forward(x, frame_idx, t, act, am, domain, cap_vec, None, cache, append=False)
-            if i < last:
+                x0 = self._forward(x, frame_idx, t, act, am, domain, cap_vec, None, cache, append=False, anchor=anchor)
+            if i < end:
                 nxt = float(schedule[i + 1])
                 x = (1 - nxt) * x0.detach() + nxt * torch.randn(shape, device=act.device, generator=generator)
         return x0 if grad_level is not None else x0.clamp(-1, 1)
@@ -278,16 +303,18 @@ class VideoWorldModel(nn.Module):
         out = [video[:, :context_frames]]
         blocks = self.frame_block(torch.arange(f, device=dev))
         b = int(blocks[context_frames - 1]) + 1 if context_frames < f else None
+        last = video[:, context_frames - 1]  # the clean frame before the next block (model.residual's anchor)
         while b is not None and b <= int(blocks[-1]):
             idx = torch.nonzero(blocks == b).flatten()
             idx = idx[idx >= context_frames]
             if schedule is not None:
-                gen = self.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, generator)
+                gen = self.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, generator, last=last)
             else:
-                gen = self.denoise_block(cache, idx, act[:, idx], am[:, idx], dom, cap, steps, generator)
+                gen = self.denoise_block(cache, idx, act[:, idx], am[:, idx], dom, cap, steps, generator, last=last)
             out.append(gen)
             clean = video[:, idx] if teacher_forced else gen
             self.push_clean(cache, clean, idx, act[:, idx], am[:, idx], dom, cap)
+            last = clean[:, -1]
             b += 1
         return torch.cat(out, 1)
 

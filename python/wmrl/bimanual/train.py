@@ -47,7 +47,7 @@ from typing import Any
 
 from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
-from wmrl.bimanual.config import DISTILL_STAGES, PARENT_STAGE, StageConfig
+from wmrl.bimanual.config import DISTILL_STAGES, NON_ARCH_MODEL_KEYS, PARENT_STAGE, ModelConfig, StageConfig
 from wmrl.device import pick_device
 from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, hash_tree, read_json, sha256_file, write_json
@@ -88,6 +88,19 @@ def describe_root(meta: dict[str, Any]) -> str:
     return "a base checkpoint" if meta.get("kind") == "base" else f"a Stage {meta.get('stage')} root"
 
 
+def check_architecture(cfg: StageConfig, meta: dict[str, Any], where: str) -> None:
+    """[model] must equal the one a root was trained with (all but the sampling steps). A key
+    that root does not record has its default (roots made before the key existed)."""
+    theirs = (meta.get("config") or {}).get("model") or meta.get("model")
+    if not theirs:
+        return  # a hand-made root records none: the strict weight load still checks every shape
+    mine, default = cfg.to_dict()["model"], ModelConfig().__dict__
+    diff = [f"{k} {mine[k]} vs {theirs.get(k, default[k])}" for k in mine
+            if k not in NON_ARCH_MODEL_KEYS and mine[k] != theirs.get(k, default[k])]
+    if diff:
+        raise TrainError(f"{where}: [model] differs from that root's ({', '.join(diff)}); use the values its run was trained with")
+
+
 def check_parent(cfg: StageConfig) -> dict[str, Any] | None:
     """The start point named by ``checkpoint.load_path``, checked before any weights load."""
     lp = cfg.checkpoint.load_path
@@ -104,6 +117,7 @@ def check_parent(cfg: StageConfig) -> dict[str, Any] | None:
         want = PARENT_STAGE[stage]
         if meta.get("kind") != "stage" or meta.get("stage") != want:
             raise TrainError(f"stage {stage} must start from a completed Stage {want} iteration root; {lp} is {describe_root(meta)}")
+        check_architecture(cfg, meta, f"checkpoint.load_path={lp}")  # e.g. model.residual changes what the weights mean
     return meta
 
 

@@ -4,7 +4,6 @@ and one tiny Stage 0 -> 1 -> 2 -> 3 chain on it.
 Single-threaded, as the policy and RL tests: on the test machine's two shared cores the tiny
 models' small matrix products are many times slower with two threads than with one."""
 
-import dataclasses
 import os
 import shutil
 import subprocess

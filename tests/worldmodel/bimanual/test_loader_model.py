@@ -51,13 +51,15 @@ def test_short_window_is_padded_and_masked(bundle_dir):
     np.testing.assert_array_equal(s["video"][3], s["video"][2])
 
 
-def small_model(bundle_dir, block_frames=1):
+def small_model(bundle_dir, block_frames=1, residual=False, perturb=True):
     torch.manual_seed(0)
-    cfg = ModelConfig(patch=8, width=32, depth=2, heads=4, caption_dim=16, block_frames=block_frames, max_frames=16)
+    cfg = ModelConfig(patch=8, width=32, depth=2, heads=4, caption_dim=16, block_frames=block_frames, max_frames=16,
+                      residual=residual)
     m = VideoWorldModel(cfg, image_size=32, vocab_size=Bundle(bundle_dir).tokenizer().vocab_size)
-    with torch.no_grad():  # leave the zero-initialised gates: otherwise every output is 0
-        for p in m.parameters():
-            p.normal_(0, 0.05)
+    if perturb:
+        with torch.no_grad():  # leave the zero-initialised gates: otherwise every output is 0
+            for p in m.parameters():
+                p.normal_(0, 0.05)
     return m.eval()
 
 
@@ -66,9 +68,9 @@ def batch(bundle_dir):
     return make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2).next_batch()[0]
 
 
-@pytest.mark.parametrize("block_frames", [1, 2])
-def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames):
-    m = small_model(bundle_dir, block_frames)
+@pytest.mark.parametrize("block_frames,residual", [(1, False), (2, False), (2, True)])
+def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames, residual):
+    m = small_model(bundle_dir, block_frames, residual)
     x0 = batch["video"]
     f = x0.shape[1]
     t = torch.rand(2, f)
@@ -84,7 +86,9 @@ def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames):
         outs = []
         for b in range(1, int(blocks.max()) + 1):
             idx = torch.nonzero(blocks == b).flatten()
-            outs.append(m._forward(noisy[:, idx], idx, t[:, idx], act[:, idx], am[:, idx], batch["domain_id"], cap, None, cache))
+            anchor = m.block_anchor(x0[:, idx[0] - 1], len(idx))  # None without residual
+            outs.append(m._forward(noisy[:, idx], idx, t[:, idx], act[:, idx], am[:, idx], batch["domain_id"], cap, None, cache,
+                                   anchor=anchor))
             m.push_clean(cache, x0[:, idx], idx, act[:, idx], am[:, idx], batch["domain_id"], cap)
     assert torch.allclose(v_tf, torch.cat(outs, 1), atol=1e-5)
     assert cache[0]["k"].shape[2] == (f - 1 + 1) * m.tokens_per_frame  # context + every block pushed
@@ -136,3 +140,27 @@ def test_losses_backpropagate_and_rollout_shapes(bundle_dir, batch):
     out = m.eval().rollout(batch, steps=2, generator=torch.Generator().manual_seed(0))
     assert out.shape == batch["video"].shape and torch.equal(out[:, 0], batch["video"][:, 0])
     assert out.abs().max() <= 1
+
+
+@pytest.mark.parametrize("block_frames", [1, 2])
+def test_an_untrained_residual_model_copies_the_last_frame_before_each_block(bundle_dir, batch, block_frames):
+    """model.residual: the prediction is the last clean frame before the block plus the
+    network's output, which starts at zero, so training starts from the copy-last baseline
+    in every mode: teacher forcing, the cached rollout, few-step sampling."""
+    m = small_model(bundle_dir, block_frames, residual=True, perturb=False)
+    x0 = batch["video"]
+    f = x0.shape[1]
+    last = (torch.arange(1, f) - 1) // block_frames * block_frames  # frame j's block starts after this one
+    t = torch.rand(2, f)
+    t[:, 0] = 0
+    with torch.no_grad():
+        assert torch.equal(m.forward_teacher_forcing(x0, torch.randn_like(x0), t, batch), x0[:, last])
+        assert torch.equal(m.forward_bidirectional(torch.randn_like(x0).index_copy(1, torch.tensor([0]), x0[:, :1]), t,
+                                                   batch)[:, 1:], x0[:, :1].expand(-1, f - 1, -1, -1, -1))
+    g = torch.Generator().manual_seed(0)
+    for kw in ({"steps": 2}, {"schedule": [1.0, 0.5]}):
+        out = m.rollout(batch, generator=g, **kw)
+        torch.testing.assert_close(out[:, 1:], x0[:, last], atol=1e-5, rtol=0)  # Euler's last step lands on x0
+    with pytest.raises(ValueError, match="anchor"):
+        m.denoise_block(m.new_cache(), torch.tensor([1]), *m.frame_actions(batch["actions"], batch["action_mask"]),
+                        batch["domain_id"], m.caption_vector(batch["caption_ids"], batch["caption_mask"]), 2)

@@ -148,7 +148,7 @@ def test_stage1_from_stage0_and_wrong_parents(stage_cfg, tmp_path):
     plan = resolve(cfg1)
     assert plan["load"]["parent_stage"] == 0 and plan["load"]["parent_iteration"] == 4 and plan["mode"] == "teacher_forcing"
     s1 = train(cfg1, progress=False)
-    out = load(Path(s1["checkpoint"]), "model.pt")
+    load(Path(s1["checkpoint"]), "model.pt")  # the root reads back
     assert s1["finite"] and s1["ema_copies"] == 1
     assert json.loads((Path(s1["checkpoint"]) / "checkpoint.json").read_text())["parent"] == str(root0.resolve())
     # wrong parents, all refused before any weights load
@@ -159,6 +159,9 @@ def test_stage1_from_stage0_and_wrong_parents(stage_cfg, tmp_path):
     base = write_base(stage_cfg(0, "job.name=b"), tmp_path / "base")
     with pytest.raises(TrainError, match="base checkpoint"):
         resolve(stage_cfg(1, "job.name=x", f"checkpoint.load_path={base}"))
+    # same shapes, other meaning: a residual Stage 0's weights predict changes, not frames
+    with pytest.raises(TrainError, match="residual False vs True"):
+        resolve(stage_cfg(1, "job.name=x", f"checkpoint.load_path={root0}", "model.residual=false"))
     # same run name, another parent: refuse instead of mixing
     other = train(stage_cfg(0, "job.name=s0b", "trainer.max_iter=1", "checkpoint.save_iter=1"), progress=False)
     with pytest.raises(TrainError, match="started from parent"):
