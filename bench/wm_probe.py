@@ -137,10 +137,12 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
     channels, blocks, noise, patch = arch
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
-                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise, patch=patch)
+                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise, patch=patch,
+                           residual=a.residual, sigma_data=a.sigma_data)
     model = FrameWorldModel(cfg).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
-    name = (f"p{patch}:" if patch > 1 else "") + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "")
+    name = (f"p{patch}:" if patch > 1 else "") + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
+        + (f" residual, sigma_data {a.sigma_data}" if a.residual else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -192,6 +194,10 @@ def main() -> None:
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
+    p.add_argument("--residual", action="store_true", help="WorldModelConfig.residual for every --arch: generate the "
+                   "change from the current frame")
+    p.add_argument("--sigma-data", type=float, default=0.5, help="WorldModelConfig.sigma_data (EDM's data std; ~0.13 "
+                   "suits --residual)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)

@@ -319,6 +319,11 @@ class WorldModelConfig:
     # drawn per sample from [0, context_noise] corrupts the conditioning frames, and the model is
     # told the level; imagination conditions on its own frames at level 0. 0: off
     context_noise: float = 0.0
+    # Generate the change from the view's current frame instead of the frame itself (the
+    # denoiser's data are x_next - x_now; the frame is x_now + the sample): most pixels do not
+    # change over a chunk. Pair it with a sigma_data near the changes' std (~0.13 on LIBERO's
+    # main view, 64 px; frames themselves ~0.5). False: the frame itself
+    residual: bool = False
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:

@@ -148,6 +148,34 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
         override(TINY.main, patch=3)
 
 
+def test_a_residual_model_generates_the_change_from_the_views_current_frame(trajectories):
+    """residual=True: the same weights denoise x_next - x_now instead of x_next, and the sample
+    is x_now plus what they generate (the wrist model's x_now is its own frame, not the main
+    view's it is conditioned on)."""
+    from wmrl.config import override
+
+    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
+    torch.manual_seed(0)
+    plain = FrameWorldModel(TINY.wrist)
+    with torch.no_grad():
+        for p in plain.parameters():  # zero-initialised output convolutions would hide the difference
+            p.add_(0.05 * torch.randn_like(p))
+    res = FrameWorldModel(override(TINY.wrist, residual=True))
+    res.load_state_dict(plain.state_dict())  # no parameter of its own
+    now = b["frames"][:, TINY.wrist.context - 1]
+    assert not torch.equal(now, b["frames"][:, -1])  # the main view comes last
+    noise = torch.randn(4, 3, 64, 64)
+    args = (b["frames"], b["actions"], b["proprio"], 2)
+    with torch.no_grad():
+        torch.testing.assert_close(res.sample(noise, *args), plain.sample(noise, *args) + now)
+        torch.manual_seed(1)
+        loss_res = res.loss(**b)[0]
+        torch.manual_seed(1)
+        loss_plain = plain.loss(**dict(b, target=b["target"] - now))[0]
+    torch.testing.assert_close(loss_res, loss_plain)
+
+
 def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
     """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
     draw), the level reaches the conditioning, and generation conditions on clean frames at

@@ -226,6 +226,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         if cfg.context_noise > 0:
             level = cfg.context_noise * torch.rand(b, device=target.device)
             frames = frames.float() + level[:, None, None, None, None] * torch.randn(frames.shape, device=frames.device)
+        if cfg.residual:  # the denoiser's data: the change from the current frame
+            target = target - self.current_frame(frames).float()
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
         denoised = self.denoise(noisy, sigma, frames, actions, proprio, level).float()
@@ -234,6 +236,11 @@ class FrameWorldModel(Pretrained, nn.Module):
         proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
         total = frame_loss + proprio_weight * proprio_loss
         return total, {"frame_loss": frame_loss.detach(), "proprio_loss": proprio_loss.detach()}
+
+    def current_frame(self, frames: torch.Tensor) -> torch.Tensor:
+        """The view's own latest frame among the conditioning frames (B, 3, H, W): the anchor
+        of ``residual`` (frames are history oldest first, then the main view for the wrist model)."""
+        return frames[:, self.cfg.context - 1]
 
     def sigmas(self, steps: int, device) -> torch.Tensor:
         """Karras schedule sigma_max .. sigma_min, then 0."""
@@ -265,4 +272,4 @@ class FrameWorldModel(Pretrained, nn.Module):
         for i in range(steps):
             d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
-        return x
+        return x + self.current_frame(frames).float() if self.cfg.residual else x
