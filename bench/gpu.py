@@ -18,7 +18,8 @@ returns only a few files).
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main BATCH=64 LR=2e-4]   (world-model architectures at equal training time;
-                               pP: P x P pixel patches folded into channels, @N: context noise; bench/wm_probe.py)
+                               pP: P x P pixel patches folded into channels, @N: context noise, /rS: the change
+                               from the current frame with sigma_data S; bench/wm_probe.py)
     python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
                                their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]

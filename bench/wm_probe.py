@@ -6,10 +6,11 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch [pP:]C1,C2,...xB[@N]``: optionally the pixel patch folded into channels before the
+``--arch [pP:]C1,C2,...xB[@N][/rS]``: optionally the pixel patch folded into channels before the
 U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32), the U-Net widths per
-level, blocks per level and optionally the context-noise augmentation's largest std
-(``WorldModelConfig.context_noise``); the default profile's is ``32,64,128,256x1``, the former
+level, blocks per level, optionally the context-noise augmentation's largest std
+(``WorldModelConfig.context_noise``) and ``/rS``: generate the change from the current frame
+(``WorldModelConfig.residual``) with EDM's ``sigma_data`` S; the default profile's is ``32,64,128,256x1``, the former
 default ``64,128,256x2``. Frames are
 area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out episodes:
 
@@ -56,20 +57,25 @@ def shrink(episodes, size: int):
     return episodes
 
 
-def parse_arch(text: str, context_noise: float) -> tuple[tuple[int, ...], int, float, int]:
+def parse_arch(text: str, a) -> dict:
     """``32,64,128,256x1``; with GameNGen's context-noise augmentation ``32,64,128,256x1@0.3``;
-    on 4 x 4 pixel patches ``p4:128,256,256x1``."""
+    on 4 x 4 pixel patches ``p4:128,256,256x1``; generating the change from the current frame
+    with sigma_data 0.13 ``32,64,128,256x1/r0.13``. What an --arch leaves out comes from the
+    flags (--context-noise, --residual, --sigma-data)."""
     patch, _, rest = text.rpartition(":")
+    rest, _, res = rest.partition("/")
     arch, _, noise = rest.partition("@")
     widths, _, blocks = arch.partition("x")
     try:
-        if patch and not patch.startswith("p"):
+        if (patch and not patch.startswith("p")) or (res and not res.startswith("r")):
             raise ValueError
-        return (tuple(int(c) for c in widths.split(",")), int(blocks or 1), float(noise or context_noise),
-                int(patch[1:] or 1))
+        return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
+                "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1),
+                "residual": bool(res) or a.residual, "sigma_data": float(res[1:]) if res else a.sigma_data}
     except ValueError:
-        raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level and the context "
-                         "noise (optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3 or p4:128,256,256x1") from None
+        raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
+                         "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
+                         "p4:128,256,256x1 or 32,64,128,256x1/r0.13") from None
 
 
 @torch.no_grad()
@@ -134,15 +140,13 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
 
 
 def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
-    channels, blocks, noise, patch = arch
     torch.manual_seed(a.seed)
-    cfg = WorldModelConfig(view=a.view, image_size=a.size, channels=channels, blocks_per_level=blocks,
-                           cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", context_noise=noise, patch=patch,
-                           residual=a.residual, sigma_data=a.sigma_data)
+    cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", **arch)
+    channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
     name = (f"p{patch}:" if patch > 1 else "") + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
-        + (f" residual, sigma_data {a.sigma_data}" if a.residual else "")
+        + (f"/r{cfg.sigma_data}" if cfg.residual else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -189,7 +193,7 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="[pP:]widths,...xblocks[@context_noise] (repeat to compare); "
+    p.add_argument("--arch", action="append", help="[pP:]widths,...xblocks[@context_noise][/r<sigma_data>] (repeat to compare); "
                    "default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,
@@ -207,7 +211,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     a = p.parse_args()
-    archs = [parse_arch(s, a.context_noise) for s in (a.arch or ["32,64,128x1"])]
+    archs = [parse_arch(s, a) for s in (a.arch or ["32,64,128x1"])]
     _, train, val = load_split(a.manifest, 8)
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
