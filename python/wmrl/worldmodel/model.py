@@ -223,11 +223,11 @@ class FrameWorldModel(Pretrained, nn.Module):
         b = target.shape[0]
         target = target.float()
         level = None
+        if cfg.residual:  # the denoiser's data: the change from the (clean) current frame
+            target = target - self.current_frame(frames).float()
         if cfg.context_noise > 0:
             level = cfg.context_noise * torch.rand(b, device=target.device)
             frames = frames.float() + level[:, None, None, None, None] * torch.randn(frames.shape, device=frames.device)
-        if cfg.residual:  # the denoiser's data: the change from the current frame
-            target = target - self.current_frame(frames).float()
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
         denoised = self.denoise(noisy, sigma, frames, actions, proprio, level).float()
