@@ -17,6 +17,9 @@ implied velocity ``(x_t - x_0_hat) / t`` (x-prediction, v-loss). In pixel space 
 patches a token is narrower than its patch (8x8x3 = 192 values): predicting noise or
 velocity through that bottleneck leaves noise in every sample, predicting the smooth clean
 frame does not. Generation integrates t from 1 to 0 with Euler steps on the implied velocity.
+With ``model.residual`` the clean-frame prediction is an *anchor*, the last clean frame before
+the frame's block (frame 0 in Stage 0's bidirectional mode), plus the network's output: the
+output layer starts at zero, so training starts from copying the last frame.
 
 Attention modes (frames grouped into blocks of ``block_frames``; frame 0 is block 0):
 
