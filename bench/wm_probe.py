@@ -60,8 +60,7 @@ def shrink(episodes, size: int):
 def parse_arch(text: str, a) -> dict:
     """``32,64,128,256x1``; with GameNGen's context-noise augmentation ``32,64,128,256x1@0.3``;
     on 4 x 4 pixel patches ``p4:128,256,256x1``; generating the change from the current frame
-    with sigma_data 0.13 ``32,64,128,256x1/r0.13``. What an --arch leaves out comes from the
-    flags (--context-noise, --residual, --sigma-data)."""
+    with sigma_data 0.13 ``32,64,128,256x1/r0.13``. Without ``@``: --context-noise."""
     patch, _, rest = text.rpartition(":")
     rest, _, res = rest.partition("/")
     arch, _, noise = rest.partition("@")
@@ -71,7 +70,7 @@ def parse_arch(text: str, a) -> dict:
             raise ValueError
         return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
                 "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1),
-                "residual": bool(res) or a.residual, "sigma_data": float(res[1:]) if res else a.sigma_data}
+                "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {})}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
@@ -198,10 +197,6 @@ def main() -> None:
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
-    p.add_argument("--residual", action="store_true", help="WorldModelConfig.residual for every --arch: generate the "
-                   "change from the current frame")
-    p.add_argument("--sigma-data", type=float, default=0.5, help="WorldModelConfig.sigma_data (EDM's data std; ~0.13 "
-                   "suits --residual)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)

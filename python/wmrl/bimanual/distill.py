@@ -145,10 +145,10 @@ def self_forcing_rollout(student, batch, schedule, grad_level: int | None):
         idx = torch.nonzero(blocks == blk).flatten()
         x = student.jump_block(cache, idx, act[:, idx], am[:, idx], dom, cap, schedule, grad_level=grad_level, last=last)
         out.append(x)
-        last = x.detach().clamp(-1, 1)
+        clean = x.detach().clamp(-1, 1)
         with torch.no_grad():  # inference pushes clamped blocks: so does training
-            student.push_clean(cache, last, idx, act[:, idx], am[:, idx], dom, cap)
-        last = last[:, -1]
+            student.push_clean(cache, clean, idx, act[:, idx], am[:, idx], dom, cap)
+        last = clean[:, -1]
     return torch.cat(out, 1)
 
 

@@ -168,7 +168,7 @@ class VideoWorldModel(nn.Module):
         if not self.cfg.residual:
             return None
         if last is None:
-            raise ValueError("model.residual: generating a block needs the last clean frame before it (anchor=)")
+            raise ValueError("model.residual: generating a block needs the last clean frame before it, its anchor (last=)")
         return last[:, None].expand(-1, s, *last.shape[1:])
 
     @staticmethod
