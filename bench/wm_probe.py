@@ -6,21 +6,24 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch [pP:]C1,C2,...xB[@N][/rS]``: optionally the pixel patch folded into channels before the
-U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32), the U-Net widths per
+``--arch [pP[+R]:]C1,C2,...xB[@N][/rS]``: optionally the pixel patch folded into channels before the
+U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32; ``p4+32:`` adds the
+full-resolution head of ``WorldModelConfig.refine`` with 32 channels), the U-Net widths per
 level, blocks per level, optionally the context-noise augmentation's largest std
 (``WorldModelConfig.context_noise``) and ``/rS``: generate the change from the current frame
-(``WorldModelConfig.residual``) with EDM's ``sigma_data`` S; the default profile's is ``32,64,128,256x1``, the former
-default ``64,128,256x2``. Frames are
-area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out episodes:
+(``WorldModelConfig.residual``) with EDM's ``sigma_data`` S; the default profile's is ``p4+32:128,256,256x1``,
+the earlier defaults ``32,64,128,256x1`` and ``64,128,256x2``. Frames are
+area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out
+episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
 
 * one chunk ahead, teacher-forced (real context frames), against copying the last frame;
 * open loop over 5 and 10 chunks with the real actions (the model's own frames and proprio as
   context; the wrist model sees the real main view), against holding the start frame: the
   figure ``wm_eval`` reports for a pair, here per view and per architecture.
 
-For sweeping model size and learning rate before a long DeepSpeed run; the numbers it prints
-are in bench/RESULTS.md where quoted.
+``--strips DIR`` writes, per architecture, real | imagined frames of the first held-out episodes
+open loop (rows: chunks 0, 1, 2, 5, 10). For sweeping model size and learning rate before a long
+DeepSpeed run; the numbers it prints are in bench/RESULTS.md where quoted.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
-from wmrl.worldmodel.fidelity import psnr  # noqa: E402
-from wmrl.worldmodel.model import FrameWorldModel, images_to_unit  # noqa: E402
+from wmrl.worldmodel.fidelity import psnr, ssim  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
 from wm_throughput import flops_per_sample  # noqa: E402  (bench/, this script's folder)
 
 H200_PEAK = 790e12  # dense bf16 FLOP/s: the MFU printed on a GPU is against this
 
 OPEN_LOOP = (5, 10)
+STRIP_CHUNKS = (0, 1, 2, 5, 10)
 
 
 def shrink(episodes, size: int):
@@ -59,9 +63,11 @@ def shrink(episodes, size: int):
 
 def parse_arch(text: str, a) -> dict:
     """``32,64,128,256x1``; with GameNGen's context-noise augmentation ``32,64,128,256x1@0.3``;
-    on 4 x 4 pixel patches ``p4:128,256,256x1``; generating the change from the current frame
-    with sigma_data 0.13 ``32,64,128,256x1/r0.13``. Without ``@``: --context-noise."""
+    on 4 x 4 pixel patches ``p4:128,256,256x1``, with a 32-channel full-resolution head
+    ``p4+32:128,256,256x1``; generating the change from the current frame with sigma_data 0.13
+    ``32,64,128,256x1/r0.13``. Without ``@``: --context-noise."""
     patch, _, rest = text.rpartition(":")
+    patch, _, refine = patch.partition("+")
     rest, _, res = rest.partition("/")
     arch, _, noise = rest.partition("@")
     widths, _, blocks = arch.partition("x")
@@ -69,21 +75,22 @@ def parse_arch(text: str, a) -> dict:
         if (patch and not patch.startswith("p")) or (res and not res.startswith("r")):
             raise ValueError
         return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
-                "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1),
+                "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1), "refine": int(refine or 0),
                 "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {})}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
-                         "p4:128,256,256x1 or 32,64,128,256x1/r0.13") from None
+                         "p4:128,256,256x1, p4+32:128,256,256x1 or 32,64,128,256x1/r0.13") from None
 
 
 @torch.no_grad()
-def open_loop_psnr(model, episodes, view: str, norm: dict, horizon: int, device) -> dict:
-    """PSNR at each horizon of OPEN_LOOP, imagined vs real and held start frame vs real, over the
-    episodes at least that long; all such episodes as one batch."""
+def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> tuple[dict, torch.Tensor | None]:
+    """PSNR and SSIM at each horizon of OPEN_LOOP, imagined vs real and held start frame vs
+    real, over the episodes at least that long (all of them as one batch); and the real and
+    imagined frames (2, episodes, horizon + 1, 3, H, W) for the strips."""
     eps = [e for e in episodes if len(e.actions) >= horizon]
     if not eps:
-        return {}
+        return {}, None
     cfg = model.cfg
     real = torch.stack([images_to_unit(torch.from_numpy(getattr(e, view)[: horizon + 1])) for e in eps]).to(device)
     main = torch.stack([images_to_unit(torch.from_numpy(e.main[: horizon + 1])) for e in eps]).to(device)
@@ -100,22 +107,37 @@ def open_loop_psnr(model, episodes, view: str, norm: dict, horizon: int, device)
             frames = torch.cat([frames, main[:, t, None]], 1)  # the real main view: a one-view probe
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=real.is_cuda):
             x, p = model.generate(frames, acts[:, t], p, generator=g)
-        history.append(x.float())
+        history.append(x.float())  # generate clamps to [-1, 1]
         if t + 1 in OPEN_LOOP:
-            out[t + 1] = {"episodes": len(eps), "psnr": float(psnr(x.float(), real[:, t + 1]).mean()),
-                          "static": float(psnr(real[:, 0], real[:, t + 1]).mean())}
-    return out
+            x, y, y0 = history[-1], real[:, t + 1], real[:, 0]
+            out[t + 1] = {"episodes": len(eps), "psnr": float(psnr(x, y).mean()), "static": float(psnr(y0, y).mean()),
+                          "ssim": float(ssim(x, y).mean()), "static_ssim": float(ssim(y0, y).mean())}
+    return out, torch.stack([real, torch.stack(history, 1)])
 
 
-def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> dict:
+def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> tuple[dict, torch.Tensor | None]:
     model.eval()
     g = torch.Generator(device=device).manual_seed(0)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
         x, _ = model.generate(held["frames"], held["actions"], held["proprio"], generator=g)
-    out = {"one_chunk": float(psnr(x.float(), held["target"]).mean()),
-           "open_loop": open_loop_psnr(model, val_eps, view, norm, max(OPEN_LOOP), device)}
+    x = x.float()
+    ol, frames = open_loop(model, val_eps, view, norm, max(OPEN_LOOP), device)
     model.train()
-    return out
+    return {"one_chunk": float(psnr(x, held["target"]).mean()), "one_chunk_ssim": float(ssim(x, held["target"]).mean()),
+            "open_loop": ol}, frames
+
+
+def write_strip(frames: torch.Tensor, path: Path, episodes: int = 3) -> None:
+    """Real | imagined columns for the first ``episodes`` held-out episodes, a row per chunk of
+    STRIP_CHUNKS: grain, blur and a frozen arm are easier to see than to read off a number."""
+    import imageio.v3 as iio
+
+    real, imagined = frames[0, :episodes], frames[1, :episodes]
+    rows = [torch.cat([torch.cat([real[e, t], imagined[e, t]], dim=2) for e in range(real.shape[0])], dim=2)
+            for t in STRIP_CHUNKS if t < real.shape[1]]
+    image = unit_to_images(torch.cat(rows, dim=1)[None].cpu())[0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, image.numpy())
 
 
 @torch.no_grad()
@@ -144,12 +166,13 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
-    name = (f"p{patch}:" if patch > 1 else "") + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
+    prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
+    name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
-    curve, trained, step = [], 0.0, 0
+    curve, trained, step, frames = [], 0.0, 0, None
     budget = a.minutes * 60 if a.minutes else float("inf")
     next_eval = a.eval_every
     while step < a.steps and trained < budget:
@@ -175,11 +198,16 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
             rate = step * a.batch / trained
             r = {"update": step, "train_s": round(trained, 1), "samples_per_s": round(rate, 1),
                  **({"mfu_h200": round(rate * flops / H200_PEAK, 4)} if a.device == "cuda" else {}),
-                 "loss": round(loss.item(), 4), **evaluate(model, held, val_eps, a.view, norm, a.device)}
-            curve.append(r)
-            ol = "; ".join(f"{k} chunks {v['psnr']:.2f} (held {v['static']:.2f})" for k, v in r["open_loop"].items())
-            print(f"update {step}: loss {r['loss']:.4f}, one chunk {r['one_chunk']:.2f} dB (copy-last "
-                  f"{held['copy_last']:.2f}); open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+                 "loss": round(loss.item(), 4)}
+            scores, frames = evaluate(model, held, val_eps, a.view, norm, a.device)
+            curve.append(r | scores)
+            ol = "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f} (held {v['static']:.2f} / {v['static_ssim']:.3f})"
+                           for k, v in scores["open_loop"].items())
+            print(f"update {step}: loss {r['loss']:.4f}, one chunk {scores['one_chunk']:.2f} dB / SSIM "
+                  f"{scores['one_chunk_ssim']:.3f} (copy-last {held['copy_last']:.2f} / {held['copy_last_ssim']:.3f}); "
+                  f"open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+    if a.strips and frames is not None:
+        write_strip(frames, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}.png")
     gen_batch = 256 if a.device == "cuda" else 16
     rate = generation_rate(model, held, gen_batch, a.device)
     print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
@@ -192,8 +220,8 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="[pP:]widths,...xblocks[@context_noise][/r<sigma_data>] (repeat to compare); "
-                   "default 32,64,128x1")
+    p.add_argument("--arch", action="append", help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>] "
+                   "(repeat to compare); default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
@@ -205,6 +233,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
+    p.add_argument("--strips", help="folder for a real | imagined PNG per architecture (open loop, held-out episodes)")
     a = p.parse_args()
     archs = [parse_arch(s, a) for s in (a.arch or ["32,64,128x1"])]
     _, train, val = load_split(a.manifest, 8)
@@ -215,11 +244,13 @@ def main() -> None:
     norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
     held = va.batch(torch.arange(va.size, device=a.device), a.view, a.view == "wrist", norm)
     held["copy_last"] = float(psnr(held["frames"][:, 1], held["target"]).mean())
+    held["copy_last_ssim"] = float(ssim(held["frames"][:, 1], held["target"]).mean())
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
           f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
     results = [probe(arch, tr, va, val, norm, held, a) for arch in archs]
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "copy_last": held["copy_last"], "results": results}, indent=2))
+        Path(a.json).write_text(json.dumps({"args": vars(a), "copy_last": held["copy_last"],
+                                            "copy_last_ssim": held["copy_last_ssim"], "results": results}, indent=2))
 
 
 if __name__ == "__main__":

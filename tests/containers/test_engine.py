@@ -110,8 +110,11 @@ def test_ctrl_c_stops_and_removes_the_container(docker_engine, test_images):
     spec = test_images["wm"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "WMRL_IMAGE_WM": spec.tag, "WMRL_LOCK_WM": spec.lock}
     code = "import signal, sys, time; print('started', flush=True); time.sleep(120)"
+    # SIGINT back to its default in the driver: a suite started in the background (`cmd &` in a
+    # script, nohup) hands its children SIGINT ignored, and Python then keeps ignoring Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "wmrl.containers", "run", "--image", "wm", "--", "-c", code],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "started"
         time.sleep(0.5)
