@@ -148,6 +148,28 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
         override(TINY.main, patch=3)
 
 
+def test_the_refine_head_starts_as_the_model_without_it_and_then_learns(trajectories):
+    """refine=C adds a full-resolution head after the patches are unfolded; zero-initialised, so
+    a model with it denoises exactly as the same weights without it until it trains, and its
+    gradient is not zero (it can learn). A negative width is refused with the fix."""
+    from wmrl.config import ConfigError, override
+
+    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
+    torch.manual_seed(0)
+    plain = FrameWorldModel(override(TINY.wrist, patch=2))
+    refined = FrameWorldModel(override(TINY.wrist, patch=2, refine=8))
+    missing, unexpected = refined.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("refine_head.") for k in missing)
+    noisy, sigma = torch.randn(4, 3, 64, 64), torch.full((4,), 0.3)
+    args = (noisy, sigma, b["frames"], b["actions"], b["proprio"])
+    torch.testing.assert_close(refined.denoise(*args), plain.denoise(*args))
+    refined.loss(**b)[0].backward()
+    assert refined.refine_head[-1].weight.grad.abs().sum() > 0
+    with pytest.raises(ConfigError, match="refine=-1"):
+        override(TINY.main, refine=-1)
+
+
 def test_a_residual_model_generates_the_change_from_the_views_current_frame(trajectories):
     """residual=True: the same weights denoise x_next - x_now instead of x_next, and the sample
     is x_now plus what they generate (the wrist model's x_now is its own frame, not the main
@@ -486,9 +508,19 @@ def test_inconsistent_deepspeed_batch_sizes_and_world_size_changes_are_refused(t
         ds_config("data/worldmodel/ds_gpu.json", t, on_gpu=False, world=1)
     state = tmp_path / "wmrl_state.json"
     state.write_text(json.dumps({"world_size": 4, "step": 10}))
-    check_resume(state, 4)
+    check_resume(state, 4, TINY.main)
     with pytest.raises(WMConfigError, match="saved by 4 process"):
-        check_resume(state, 2)
+        check_resume(state, 2, TINY.main)
+    # a checkpoint of another architecture (the default changed since it was saved): refused
+    # before DeepSpeed loads it, naming what differs
+    from dataclasses import asdict
+
+    from wmrl.config import override
+
+    state.write_text(json.dumps({"world_size": 1, "step": 10, "model": asdict(TINY.main)}))
+    check_resume(state, 1, TINY.main)
+    with pytest.raises(WMConfigError, match=r"another architecture \(patch 1 -> 2\).*use a new RUN"):
+        check_resume(state, 1, override(TINY.main, patch=2))
 
 
 def test_a_trajectory_file_failing_validation_stops_training_before_it_starts(trajectories, tmp_path):
@@ -535,8 +567,8 @@ def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(man
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("[wm main] step 3") == 1  # rank 0 reports
     state = json.loads((run / "worldmodels/main/deepspeed/wmrl_state.json").read_text())
-    files = state.pop("files")
-    assert state == {"step": 3, "world_size": 2, "tag": "global_step3"}
+    files, model = state.pop("files"), state.pop("model")
+    assert state == {"step": 3, "world_size": 2, "tag": "global_step3"} and model["view"] == "main"
     assert files and all(k.startswith("global_step3/") and len(v) == 64 for k, v in files.items())  # every shard hashed
     again = _wm(["--view", "main", "--steps", "6"], run, check=False)
     assert again.returncode == 2 and "saved by 2 process(es), this run has 1" in again.stderr

@@ -7,6 +7,8 @@ and predicts the proprio there::
     noisy next frame (3 ch) ++ context frames (3 x context ch) [++ main view's frame]
         [--> p x p patches folded into channels (``patch``)]
         --> U-Net with adaptive GroupNorm, conditioned on (noise level, actions, proprio)
+        [--> patches unfolded; a full-resolution head over them, the noisy input and the
+             current frame (``refine``)]
         --> denoised next frame            (EDM preconditioning, DIAMOND's recipe)
     proprio, actions --> MLP --> next proprio (normalised delta)
 
@@ -152,6 +154,11 @@ class FrameWorldModel(Pretrained, nn.Module):
             self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
         pp = cfg.patch * cfg.patch  # space-to-depth: each p x p patch of 3 channels becomes 3 p^2 channels
         self.unet = UNet(3 * pp * (1 + cfg.input_frames), 3 * pp, cfg.channels, cfg.blocks_per_level, c)
+        if cfg.refine > 0:  # only then: models trained without it keep their parameter names
+            self.refine_head = nn.Sequential(nn.Conv2d(9, cfg.refine, 3, padding=1), nn.SiLU(),
+                                             nn.Conv2d(cfg.refine, 3, 3, padding=1))
+            nn.init.zeros_(self.refine_head[-1].weight)
+            nn.init.zeros_(self.refine_head[-1].bias)
         h = cfg.proprio_hidden
         self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
                                           nn.Linear(h, cfg.proprio_dim))
@@ -207,6 +214,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         out = self.unet(x, cond)
         if self.cfg.patch > 1:
             out = F.pixel_shuffle(out, self.cfg.patch)
+        if self.cfg.refine > 0:  # full-resolution touch-up: sees each pixel's noise and the current frame
+            out = out + self.refine_head(torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1))
         return c_skip * noisy + c_out * out
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:

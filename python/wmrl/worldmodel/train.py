@@ -104,13 +104,19 @@ def init_distributed(on_gpu: bool) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def check_resume(state_file: Path, world: int) -> None:
-    """A DeepSpeed checkpoint resumes only with the world size it was saved with, and only
-    when every file of it is the one written (SHA-256 recorded at save; DeepSpeed's own load
-    unpickles its client state, so nothing unverified reaches it)."""
+def check_resume(state_file: Path, world: int, model: WorldModelConfig) -> None:
+    """A DeepSpeed checkpoint resumes only with the world size and the model architecture it
+    was saved with, and only when every file of it is the one written (SHA-256 recorded at
+    save; DeepSpeed's own load unpickles its client state, so nothing unverified reaches it)."""
     if not state_file.exists():
         return
     saved = json.loads(state_file.read_text())
+    want = json.loads(json.dumps(asdict(model)))  # tuples as lists, as the record holds them
+    if saved.get("model") not in (None, want):  # (records from before the architecture was kept: unchecked)
+        changed = ", ".join(f"{k} {saved['model'].get(k)} -> {v}" for k, v in want.items() if saved["model"].get(k) != v)
+        raise WMConfigError(f"{state_file.parent} holds a {model.view} world model of another architecture ({changed}): "
+                            "the profile's model changed since it was saved (a newer default?); use a new RUN, "
+                            f"remove {state_file.parent} to start this view afresh, or train with the saved settings")
     if saved.get("world_size") != world:
         raise WMConfigError(f"{state_file.parent} was saved by {saved.get('world_size')} process(es), this run has "
                             f"{world}: resume with the same GPU group size, or start a new RUN")
@@ -243,7 +249,7 @@ def init_state(job: WMJob) -> WMState:
     t = job.train
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     ckpt_dir = out / "deepspeed"
-    check_resume(ckpt_dir / "wmrl_state.json", world_env)  # before anything loads
+    check_resume(ckpt_dir / "wmrl_state.json", world_env, job.model)  # before anything loads
     manifest, train, val = _load_data(job, device)  # before the process group: bad input fails fast
     ds_cfg = ds_config(job.ds_config or (t.ds_config_gpu if on_gpu else t.ds_config_cpu), t, on_gpu, world_env)
     rank, world = init_distributed(on_gpu)
@@ -320,7 +326,8 @@ def save(S: WMState, reason: str) -> None:
     export_weights(S.engine, S.out / step_name(S.step), S.job.model, S.stats, {**S.meta, "step": S.step}, S.rank == 0)
     if S.rank == 0:
         files = {f"{tag}/{rel}": sha for rel, sha in hash_tree(S.ckpt_dir / tag).items()}
-        write_json(S.ckpt_dir / "wmrl_state.json", {"step": S.step, "world_size": S.world, "tag": tag, "files": files})
+        write_json(S.ckpt_dir / "wmrl_state.json", {"step": S.step, "world_size": S.world, "tag": tag, "files": files,
+                                                    "model": asdict(S.job.model)})
         write_json(S.out / "status.json", {"view": S.job.view, "step": S.step, "target": S.job.train.steps,
                                            "reason": reason, "weights": str(S.out / step_name(S.step))})
 
