@@ -160,7 +160,18 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
     return batch * repeats / (time.perf_counter() - t0)
 
 
-def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
+def held_batch(va: Transitions, view: str, norm: dict, device) -> dict:
+    """Every held-out transition as one batch, with copy-last's PSNR and SSIM (the baseline one
+    chunk ahead)."""
+    held = va.batch(torch.arange(va.size, device=device), view, view == "wrist", norm)
+    held["copy_last"] = float(psnr(held["frames"][:, 1], held["target"]).mean())
+    held["copy_last_ssim"] = float(ssim(held["frames"][:, 1], held["target"]).mean())
+    return held
+
+
+def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
+    """Train one architecture on ``tr`` within the step / time budget, evaluating on the way;
+    returns its curve and the trained model."""
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
@@ -212,7 +223,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> dict:
     rate = generation_rate(model, held, gen_batch, a.device)
     print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
     return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
-            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "curve": curve}
+            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "curve": curve}, model
 
 
 def main() -> None:
@@ -242,12 +253,10 @@ def main() -> None:
     train, val = shrink(train, a.size), shrink(val, a.size)
     tr, va = Transitions(train, 2, a.device), Transitions(val, 2, a.device)
     norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
-    held = va.batch(torch.arange(va.size, device=a.device), a.view, a.view == "wrist", norm)
-    held["copy_last"] = float(psnr(held["frames"][:, 1], held["target"]).mean())
-    held["copy_last_ssim"] = float(ssim(held["frames"][:, 1], held["target"]).mean())
+    held = held_batch(va, a.view, norm, a.device)
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
           f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
-    results = [probe(arch, tr, va, val, norm, held, a) for arch in archs]
+    results = [probe(arch, tr, va, val, norm, held, a)[0] for arch in archs]
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "copy_last": held["copy_last"],
                                             "copy_last_ssim": held["copy_last_ssim"], "results": results}, indent=2))

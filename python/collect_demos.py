@@ -3,8 +3,11 @@
     python python/collect_demos.py --tasks 0 --episodes 2 --out runs/demos
     python python/collect_demos.py                       # 10 tasks x 50 successful demos
 
-Starts from seeded random placements (mode=train), keeps only successful episodes, and can
-be interrupted: rerun the same command to continue.
+Starts from seeded random placements (mode=train), keeps only successful episodes (with
+``--keep-failures`` every episode: a noisy expert's mistakes too, with ``--action-noise``), and
+can be interrupted: rerun the same command to continue.
+
+    python python/collect_demos.py --tasks 2 --episodes 40 --action-noise 0.5 --keep-failures --out runs/noisy
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
         cli.print_plan("collect demonstrations", {
             "tasks": prof.demos.tasks, "episodes_per_task": prof.demos.episodes, "reset": "seeded random placement (mode=train)",
             "frame_interval": prof.demos.frame_interval, "action_noise": prof.demos.action_noise,
+            "kept": "every episode" if prof.demos.keep_failures else "successes only",
             "files": [str(task_file(out, t)) for t in prof.demos.tasks], "sim": prof.sim})
         return 0
     from wmrl.procs import exclusive

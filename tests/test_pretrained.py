@@ -47,7 +47,7 @@ def test_a_fresh_process_reads_back_the_same_outputs(name, tmp_path, root):
     ns: dict = {}
     exec(FORWARD, ns)
     model = _models()[name].eval()
-    folder = model.save_pretrained(tmp_path / name, meta={"note": "test"})
+    folder = model.save_pretrained(tmp_path / name, meta={"note": "test", "by_step": {5: 1.0, 10: 2.0}})
     with torch.no_grad():
         here = ns["forward"](name, model)
     torch.save(here, tmp_path / "here.pt")
@@ -81,7 +81,7 @@ def test_a_model_of_another_kind_is_refused(tmp_path):
     from wmrl.worldmodel.reward import RewardModel
 
     folder = _models()["FlowPolicy"].save_pretrained(tmp_path / "policy")
-    with pytest.raises(PretrainedError, match="not a wmrl-reward/1 model"):
+    with pytest.raises(PretrainedError, match="not a wmrl-reward/2 model"):
         RewardModel.from_pretrained(folder)
 
 

@@ -19,6 +19,7 @@ The policy (``FlowPolicy``), both world models (``FrameWorldModel``) and the rew
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -117,7 +118,9 @@ def write_folder(final: Path, write: Callable[[Path], None], meta: dict) -> Path
     try:
         write(tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.name != CONFIG_FILE}
-        body = {**meta, "files": files}
+        # hashed as it will read back: JSON turns int keys into strings (and re-sorts them) and
+        # tuples into lists, so a hash of the dict as given would not match the file
+        body = json.loads(json.dumps({**meta, "files": files}))
         write_json(tmp / CONFIG_FILE, {**body, "config_sha256": content_hash(body)})
         for p in tmp.iterdir():
             os.chmod(p, 0o644)

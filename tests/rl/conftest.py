@@ -38,6 +38,7 @@ def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode:
     from wmrl.layout import RunLayout
     from wmrl.release.pair import package_pair
     from wmrl.worldmodel.model import FrameWorldModel
+    from wmrl.config import override
     from wmrl.worldmodel.reward import RewardModel
 
     layout = RunLayout(run)
@@ -55,7 +56,8 @@ def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode:
         m.set_proprio_stats({"mean": torch.zeros(8), "std": torch.ones(8)})
         path = m.save_pretrained(layout.wm_view(view) / "global_step_1", meta={"step": 1})
         sel[view] = {"view": view, "step": 1, "reason": "target", "weights": str(path)}
-    r = RewardModel(TINY.reward)
+    # the main view alone: the tests' thresholds were chosen on its untrained outputs
+    r = RewardModel(override(TINY.reward, views=("main",)))
     r.threshold.fill_(threshold)
     r.save_pretrained(layout.reward, meta={"threshold": threshold})
     layout.selection.parent.mkdir(parents=True, exist_ok=True)

@@ -39,3 +39,20 @@ def test_demos_are_valid_successful_train_mode_episodes(tmp_path):
     assert seeds[0] == first_seed and len(set(seeds)) == 2
     with h5py.File(path) as f:
         assert len(f.attrs["done_attempts"]) >= 2
+
+
+def test_a_noisy_expert_keeps_its_failures_when_asked(tmp_path):
+    """keep_failures: every attempt is kept, failures too (data with mistakes in it before any
+    policy exists); 16 steps are too few for the expert to succeed, so the one episode fails."""
+    sim = SimConfig(image_size=64, max_steps=16)
+    cfg = DemoConfig(tasks=(0,), episodes=1, workers=1, action_noise=0.5, keep_failures=True, frame_interval=0)
+    summary = collect_demos(cfg, sim, tmp_path, progress=False)
+    assert summary["incomplete"] == [] and summary["tasks"]["0"]["failures"] == 1
+    path = task_file(tmp_path, 0)
+    assert validate_file(path).ok
+    (ep,) = list(iter_episodes(path))
+    assert not ep.attrs["success"] and ep.attrs["steps"] == 16 and ep.attrs["policy_id"].endswith("+dart0.5")
+    # without it, the same failure is not kept and the task stays incomplete
+    again = collect_demos(DemoConfig(tasks=(0,), episodes=1, workers=1, max_attempts_factor=1, action_noise=0.5),
+                          sim, tmp_path / "strict", progress=False)
+    assert again["incomplete"] == [0]

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -364,12 +365,16 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
 
     _py("wm_eval.py", "--run", str(run), "--videos", "1", "--horizon", "5", "--device", "cpu")
     fid = json.loads((run / "model_pair/fidelity.json").read_text())
-    assert set(fid["horizons"]) == {"1", "5"}
+    assert "1" in fid["horizons"] and set(fid["horizons"]) <= {"1", "5"}  # (5 if the scored episode is that long)
     for row in fid["horizons"].values():
         assert np.isfinite(row["psnr_main"]) and -1 <= row["ssim_wrist"] <= 1
         assert np.isfinite(row["psnr_wrist_static"]) and -1 <= row["ssim_main_static"] <= 1
     assert 0 <= fid["reward"]["accuracy_real"] <= 1 and fid["reward"]["frames"] > 0
     assert Path(fid["videos"][0]).stat().st_size > 0
+    # the two validation episodes: one calibrated the reward's threshold, the other is scored
+    assert reward["val_generated_episodes"]["episodes"] == 1 and fid["agreement"]["episodes"] == 1
+    assert fid["episodes_disjoint_from_reward_calibration"] is True
+    assert fid["agreement_on_real_frames"]["episodes"] == 1
 
     w = run / "model_pair/wrist/model.safetensors"
     data = bytearray(w.read_bytes())
@@ -377,6 +382,16 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     w.write_bytes(bytes(data))
     bad = _py("package_pair.py", "--verify", str(run / "model_pair"), check=False)
     assert bad.returncode == 2 and "wrist/model.safetensors" in bad.stderr and "SHA-256" in bad.stderr
+
+
+def test_the_validation_episodes_split_into_a_calibration_and_a_scoring_half():
+    """The reward's threshold is chosen on one half and agreement scored on the other: disjoint,
+    together all of them, alternating (so both mix sources); one episode cannot be split."""
+    from wmrl.worldmodel.data import held_out_halves
+
+    calib, test = held_out_halves(list(range(7)))
+    assert calib == [0, 2, 4, 6] and test == [1, 3, 5] and not set(calib) & set(test)
+    assert held_out_halves([5]) == ([5], [5]) and held_out_halves([]) == ([], [])
 
 
 def test_the_threshold_is_calibrated_for_episode_success_not_single_frames():
@@ -453,7 +468,13 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
         success[ep][at] = True
         valid[ep, at + 1:] = False
 
-    class Mark:  # success = the marked pixel
+    class Mark:  # success = the marked pixel of the main view
+        cfg = SimpleNamespace(views=("main",))
+
+        @staticmethod
+        def inputs(views):
+            return views["main"]
+
         @staticmethod
         def success(frames):
             return frames[:, 0, 0, 0] > 0
@@ -464,7 +485,7 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     assert a["balanced_accuracy"] == 1.0 and a["timing_error_chunks"] == 0.0 and a["real_successes"] == 2
     assert a["confusion"] == {"both_success": 2, "only_real": 0, "only_imagined": 0, "both_failure": 2}
 
-    class Never:
+    class Never(Mark):
         @staticmethod
         def success(frames):
             return torch.zeros(len(frames), dtype=torch.bool)
@@ -474,6 +495,7 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     late = {**roll, "imagined": {"main": real.roll(1, dims=1), "wrist": real}}  # success imagined one chunk late
     late["valid"] = torch.ones(4, 7, dtype=torch.bool)
     assert episode_agreement(late, Mark)["timing_error_chunks"] == 1.0
+    assert episode_agreement(late, Mark, frames="real")["timing_error_chunks"] == 0.0  # the reward's ceiling
 
 
 def test_psnr_and_ssim_of_identical_and_noisy_images():
@@ -583,3 +605,27 @@ def test_a_failed_view_is_reported_with_its_own_reason(tmp_path):
     msg = failure("wrist", 2, str(log))
     assert msg == ("the wrist-view training failed (exit 2): runs/a/worldmodels/wrist/deepspeed was trained on another "
                    f"manifest; use a new RUN or remove that folder; full log {log}")
+
+
+def test_the_reward_reads_its_views_side_by_side():
+    """RewardConfig.views: the cameras concatenated along the width, in the configured order,
+    for imagined frames (B, 3, H, W) and for the real uint8 frames it trains on; bad view
+    lists are refused with the fix."""
+    from wmrl.config import ConfigError, get_config, override
+    from wmrl.worldmodel.reward import RewardModel, episode_frames
+
+    r = RewardModel(get_config("reward_tiny"))
+    assert get_config("reward_tiny").views == ("main", "wrist")
+    main, wrist = torch.zeros(2, 3, 64, 64), torch.ones(2, 3, 64, 64)
+    x = r.inputs({"main": main, "wrist": wrist})
+    assert x.shape == (2, 3, 64, 128) and bool(x[..., :64].eq(0).all()) and bool(x[..., 64:].eq(1).all())
+    assert r(x).shape == (2,)
+    assert torch.equal(RewardModel(override(get_config("reward_tiny"), views=("wrist",))).inputs({"main": main, "wrist": wrist}), wrist)
+    ep = SimpleNamespace(main=np.zeros((3, 64, 64, 3), np.uint8), wrist=np.full((3, 64, 64, 3), 255, np.uint8),
+                         success=np.array([False, False, True]))
+    frames, labels = episode_frames([ep, ep], ("main", "wrist"))
+    assert frames.shape == (6, 64, 128, 3) and bool(frames[:, :, 64:].eq(255).all()) and bool(frames[:, :, :64].eq(0).all())
+    assert labels.tolist() == [False, False, True] * 2
+    for bad in ((), ("main", "main"), ("side",)):
+        with pytest.raises(ConfigError, match="reward.views"):
+            override(get_config("reward_tiny"), views=bad)

@@ -11,7 +11,7 @@
 * ``ImaginedEnv``: the model pair. Rollouts start from keyframes of real training
   trajectories (both views' frame history and the proprio; keyframe-initialised rollouts),
   the main-view and wrist-view world models step in lockstep on the GPU, all rollouts of a
-  step in one batch, and the frozen reward model scores every generated main-view frame:
+  step in one batch, and the frozen reward model scores every generated main | wrist pair:
   success once its probability reaches the threshold calibrated on validation data.
 
 The algorithm (``wmrl.rl.grpo``) does not know which one it drives. Start states are a pure
@@ -296,7 +296,8 @@ class ImaginedEnv:
                      for view in ("main", "wrist")}
             with autocast:
                 m, w, p = self.world.step(actions, noise=noise)
-                prob = torch.sigmoid(self.reward(m.to(next(self.reward.parameters()).dtype)).float())
+                seen = self.reward.inputs({"main": m, "wrist": w})
+                prob = torch.sigmoid(self.reward(seen.to(next(self.reward.parameters()).dtype)).float())
             main, wrist, proprio = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
             chunks[live] += 1
             hit = (prob >= self.threshold) & ~done

@@ -92,9 +92,9 @@ class DemoSource:
 
 def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overwrite: bool = False,
                   progress: bool = True, policy=None) -> dict:
-    """Collect demonstrations (the scripted expert, successes only) or, with ``policy`` (a
-    chunk policy, e.g. a checkpoint's ``PolicyRunner``), that policy's episodes with success
-    and failure kept; returns a per-task summary (kept, attempts, failures, steps)."""
+    """Collect demonstrations (the scripted expert, successes only unless ``cfg.keep_failures``)
+    or, with ``policy`` (a chunk policy, e.g. a checkpoint's ``PolicyRunner``), that policy's
+    episodes with success and failure kept; returns a per-task summary (kept, attempts, failures, steps)."""
     from tqdm import tqdm
 
     from wmrl.gl import configure_renderer
@@ -122,7 +122,7 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
     todo = sum(cfg.episodes - p.kept for p in tasks.values() if p.writer is not None)
     t0 = time.perf_counter()
     if todo:
-        source = DemoSource(tasks, cfg, keep_failures=policy is not None)
+        source = DemoSource(tasks, cfg, keep_failures=policy is not None or cfg.keep_failures)
         workers = min(cfg.workers or default_workers(), todo)
         bar = tqdm(total=todo, desc="demos" if policy is None else "collect", unit="ep", disable=not progress)
         try:
@@ -130,7 +130,7 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
                                policy_id=getattr(policy, "policy_id", "external"), frame_interval=cfg.frame_interval,
                                action_noise=cfg.action_noise) as pool:
                 for result in pool.run(source, policy):
-                    if result.success or policy is not None:
+                    if result.success or source.keep_failures:
                         bar.update(1)
                     bar.set_postfix(attempts=sum(len(p.done_tags) for p in tasks.values()))
         finally:

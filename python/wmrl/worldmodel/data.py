@@ -93,6 +93,16 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0,
     return manifest, train, val
 
 
+def held_out_halves(val: list[Episode]) -> tuple[list[Episode], list[Episode]]:
+    """The validation episodes in two disjoint halves, every other one: the reward model
+    calibrates its threshold on the first (``make wm-reward``), agreement with the simulator is
+    measured on the second (``make wm-eval``). A threshold chosen on the episodes it is then
+    scored on flatters the agreement, the more so the fewer they are. Alternating keeps both
+    halves a mix of the manifest's sources and tasks. With a single episode there is nothing
+    to split: both halves are that episode (``wm_eval`` records it)."""
+    return (val[0::2], val[1::2]) if len(val) > 1 else (val, val)
+
+
 def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     import h5py
 

@@ -116,8 +116,8 @@ def metrics(roll: dict, reward=None) -> dict:
     if reward is not None:
         valid = roll["valid"]
         labels = torch.stack(roll["success"])[valid]
-        real = roll["real"]["main"][valid]
-        imag = roll["imagined"]["main"][valid]
+        real = reward.inputs({v: roll["real"][v][valid] for v in reward.cfg.views})
+        imag = reward.inputs({v: roll["imagined"][v][valid] for v in reward.cfg.views})
         pr = torch.cat([reward.success(real[i:i + 256]) for i in range(0, len(real), 256)])
         pi = torch.cat([reward.success(imag[i:i + 256]) for i in range(0, len(imag), 256)])
         out["reward"] = {"frames": int(len(labels)), "success_frames": int(labels.sum()),
@@ -129,18 +129,20 @@ def metrics(roll: dict, reward=None) -> dict:
     return out
 
 
-def episode_agreement(roll: dict, reward) -> dict:
+def episode_agreement(roll: dict, reward, frames: str = "imagined") -> dict:
     """Episode-level success in imagination against the simulator's, for the rollouts of
     ``open_loop`` (real actions from the real start): success-once over the valid imagined
     frames, as GRPO's imagined environment judges it; timing error in chunks where both say
-    success."""
+    success. ``frames="real"``: the same reward reading the real frames instead, the agreement
+    a perfect world model would get (the reward's own ceiling: below it, the world models lose
+    what success looks like; at it, the reward cannot tell)."""
     valid = roll["valid"]
     labels = torch.stack(roll["success"]).bool() & valid
     e = labels.shape[0]
     said = torch.zeros_like(labels)
-    frames = roll["imagined"]["main"]
+    views = roll[frames]
     for i in range(e):
-        said[i] = reward.success(frames[i]).cpu() & valid[i]
+        said[i] = reward.success(reward.inputs({v: views[v][i] for v in reward.cfg.views})).cpu() & valid[i]
     said[:, 0] = False  # the start is a real frame, not imagined
     real, imag = labels.any(1), said.any(1)
     first = lambda m: torch.where(m.any(1), m.float().argmax(1), torch.full((e,), -1.0))  # noqa: E731

@@ -1,4 +1,8 @@
-"""The reward model: does the goal hold in this (main-view) frame? Frozen during GRPO.
+"""The reward model: does the goal hold in these frames? Frozen during GRPO.
+
+It reads the cameras of ``RewardConfig.views`` side by side in one image (main | wrist by
+default: the wrist camera shows the bowl on the plate from above), so the same convolutions
+read both and the pooled features mix them.
 
 GRPO scores imagined rollouts with it, so it must judge *generated* frames. It trains on
 real frames (labels: the simulator's per-frame success, ``rewards`` in the trajectory files)
@@ -36,7 +40,7 @@ class RewardModel(Pretrained, nn.Module):
     """Saved and loaded with ``save_pretrained`` / ``from_pretrained`` (``wmrl.pretrained``);
     the calibrated threshold is a buffer, so it travels with the weights."""
 
-    FORMAT = "wmrl-reward/1"
+    FORMAT = "wmrl-reward/2"  # /2: the views side by side (/1 read the main view alone)
     CONFIG_CLASS = RewardConfig
 
     def __init__(self, cfg: RewardConfig):
@@ -51,12 +55,33 @@ class RewardModel(Pretrained, nn.Module):
         self.register_buffer("threshold", torch.tensor(0.5))
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        """frames (B, 3, H, W) in [-1, 1] -> success logits (B,)."""
+        """frames (B, 3, H, W x views) in [-1, 1], ``inputs``' layout -> success logits (B,)."""
         return self.head(self.features(frames).mean(dim=(2, 3))).squeeze(-1)
+
+    def inputs(self, views: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per view (B, 3, H, W) -> the model's input: its views side by side (B, 3, H, W x views)."""
+        return side_by_side(views, self.cfg.views, dim=-1)
 
     @torch.no_grad()
     def success(self, frames: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self(frames)) >= self.threshold
+
+
+def side_by_side(views: dict[str, torch.Tensor], names: tuple[str, ...], dim: int) -> torch.Tensor:
+    """The named views concatenated along the width (``dim``: -1 for (B, 3, H, W), 2 for uint8
+    (N, H, W, 3)); each view must have the same height."""
+    return torch.cat([views[v] for v in names], dim=dim)
+
+
+def episode_frames(episodes, views: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real chunk-boundary frames of ``episodes`` as the reward reads them, uint8
+    (N, H, W x views, 3), and the simulator's success at each (N,)."""
+    if not episodes:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
+    import numpy as np
+
+    frames = {v: torch.from_numpy(np.concatenate([getattr(e, v) for e in episodes])) for v in views}
+    return side_by_side(frames, views, dim=2), torch.from_numpy(np.concatenate([e.success for e in episodes]))
 
 
 def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> torch.Tensor:
@@ -68,11 +93,12 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
 
 
 @torch.no_grad()
-def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, batch: int = 32, seed: int = 0,
-                    device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Main-view frames the pair generates for ``episodes`` (real start, real actions), uint8
-    (N, H, W, 3), with the real frames' success labels (N,) and the index of the episode each
-    frame belongs to (N,); the start frames (real) are left out."""
+def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, views: tuple[str, ...] = ("main", "wrist"),
+                    batch: int = 32, seed: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The frames the pair generates for ``episodes`` (real start, real actions) as the reward
+    reads them (``views`` side by side), uint8 (N, H, W x views, 3), with the real frames'
+    success labels (N,) and the index of the episode each frame belongs to (N,); the start
+    frames (real) are left out."""
     from wmrl.worldmodel.fidelity import open_loop
     from wmrl.worldmodel.model import unit_to_images
 
@@ -82,7 +108,7 @@ def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, batch: i
         valid = roll["valid"].clone()
         valid[:, 0] = False
         success = torch.stack(roll["success"]).bool()
-        frames.append(unit_to_images(roll["imagined"]["main"][valid]))
+        frames.append(unit_to_images(side_by_side({v: roll["imagined"][v][valid] for v in views}, views, dim=-1)))
         labels.append(success[valid])
         index.append((torch.arange(valid.shape[0])[:, None] + i).expand_as(valid)[valid])
     if not frames:

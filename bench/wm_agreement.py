@@ -1,0 +1,151 @@
+"""Does the reward tell imagined successes from failures? The figure that decides whether GRPO
+in imagination can work (the world-model issue's agreement), measured end to end on data where
+episodes succeed *and* fail, with world models trained here, next to the reward's own ceiling.
+
+    python python/collect_demos.py --tasks 2 --episodes 80 --action-noise 0.45 --keep-failures \\
+        --image-size 64 --frame-interval 0 --out runs/noisy/n45
+    python python/make_manifest.py --run runs/noisy --replay runs/noisy/n45 --val-ratio 0.3
+    python bench/wm_agreement.py --manifest runs/noisy/manifest.json --size 64 --steps 1200 \\
+        --views main --views main,wrist --models runs/noisy/pair --json agreement.json
+
+Both views train with ``bench/wm_probe.py``'s loop on the manifest's training episodes
+(``--arch``, default the kit's default; ``--models DIR`` keeps them, so reward settings can be
+compared on the same pair). For each ``--views``, a reward model trains with the kit's
+``train_reward`` as ``make wm-reward`` does: real frames and the frames the pair generates
+replaying the training episodes open loop, its threshold calibrated on the first half of the
+validation episodes (their imagined replays, success-once per episode). Agreement is measured
+as ``make wm-eval`` measures it, on the *other* half, so the threshold is never scored on the
+episodes it was chosen on, for the reward reading the imagined frames and reading the real
+ones: the agreement a perfect world model would give, the reward's own ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from wm_probe import held_batch, parse_arch, probe, shrink  # noqa: E402  (bench/, this script's folder)
+
+from wmrl.config import RewardConfig  # noqa: E402
+from wmrl.worldmodel.data import Transitions, held_out_halves, load_split, proprio_stats  # noqa: E402
+from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
+from wmrl.worldmodel.reward import RewardModel, episode_frames, imagined_frames, train_reward  # noqa: E402
+
+
+def frames_and_labels(episodes) -> tuple[torch.Tensor, torch.Tensor]:
+    if not episodes:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
+    return (torch.from_numpy(np.concatenate([e.main for e in episodes])),
+            torch.from_numpy(np.concatenate([e.success for e in episodes])))
+
+
+def real_roll(roll: dict) -> dict:
+    """The open-loop record with the real frames in place of the imagined ones."""
+    return {**roll, "imagined": roll["real"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--arch", default="p4+32:128,256,256x1", help="both views (bench/wm_probe.py --arch)")
+    p.add_argument("--cond-dim", type=int, default=256)
+    p.add_argument("--steps", type=int, default=800, help="updates per view")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--reward-steps", type=int, default=1500)
+    p.add_argument("--views", action="append", help="the reward's cameras, e.g. main or main,wrist (repeat to compare; "
+                   "default both)")
+    p.add_argument("--horizon", type=int, default=30, help="chunks imagined per episode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--models", help="folder for the trained pair: loaded from it when there, else trained and saved "
+                   "(to try reward settings on the same world models)")
+    a = p.parse_args()
+    a.minutes, a.context_noise, a.strips = None, 0.0, None
+    a.views = a.views or ["main,wrist"]
+    a.eval_every = a.steps  # wm_probe's loop: evaluate once, at the end
+
+    _, train, val = load_split(a.manifest, 8)
+    calib, test = held_out_halves(val)
+    if not (calib and test):
+        sys.exit(f"{a.manifest} has {len(val)} validation episodes: build it with a larger --val-ratio (4 or more)")
+    train, calib, test = shrink(train, a.size), shrink(calib, a.size), shrink(test, a.size)
+    def outcome(eps) -> str:
+        return f"{sum(bool(e.success.any()) for e in eps)}/{len(eps)} successful"
+
+    print(f"training {outcome(train)}, calibration {outcome(calib)}, test {outcome(test)} episodes; {a.size} px, "
+          f"{a.device}", flush=True)
+    tr, va = Transitions(train, 2, a.device), Transitions(calib, 2, a.device)
+    norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
+    models, report = {}, {"args": vars(a), "episodes": {"train": len(train), "calibration": len(calib), "test": len(test)}}
+    for view in ("main", "wrist"):
+        a.view = view
+        saved = Path(a.models or "-") / view
+        if a.models and (saved / "config.json").exists():
+            models[view] = FrameWorldModel.from_pretrained(saved, a.device).eval()
+            print(f"{view} world model from {saved}", flush=True)
+            continue
+        result, model = probe(parse_arch(a.arch, a), tr, va, calib, norm, held_batch(va, view, norm, a.device), a)
+        model.set_proprio_stats({k: v.to(model.proprio_mean.device) for k, v in norm.items()})
+        models[view] = model.eval()
+        report[f"train_{view}"] = result["curve"][-1]
+        if a.models:
+            model.save_pretrained(saved, meta={"trained_by": "bench/wm_agreement.py", **result["curve"][-1]})
+
+    t0 = time.perf_counter()
+    both = ("main", "wrist")  # generated once; a reward of fewer views reads its columns of them
+    generated = {"train": imagined_frames(models["main"], models["wrist"], train, a.horizon, views=both,
+                                          seed=a.seed + 1, device=a.device),
+                 "val": imagined_frames(models["main"], models["wrist"], calib, a.horizon, views=both,
+                                        seed=a.seed + 2, device=a.device)}
+    print(f"{len(generated['train'][0])} + {len(generated['val'][0])} frames generated "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    roll = open_loop(models["main"], models["wrist"], test, a.horizon, seed=a.seed + 3, device=a.device)
+    report["fidelity"] = metrics(roll)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in a.views:
+            views = tuple(spec.split(","))
+            cfg = RewardConfig(views=views, steps=a.reward_steps, seed=a.seed, generated_horizon=a.horizon)
+            gen = {k: (columns(f, views, a.size), labels, episode) for k, (f, labels, episode) in generated.items()}
+            meta = train_reward(*episode_frames(train, views), *episode_frames(calib, views), cfg, Path(tmp) / spec, {},
+                                progress=False, generated=gen)
+            reward = RewardModel.from_pretrained(Path(tmp) / spec, a.device).eval()
+            report[spec] = {"threshold": meta["threshold"], "calibrated_on": meta["calibrated_on"],
+                            "calibration": meta["val_generated_episodes"],
+                            "single_frames_calibration": meta["val_frame_balanced_accuracy"],
+                            "imagined": episode_agreement(roll, reward), "real": episode_agreement(roll, reward, "real")}
+            for frames in ("imagined", "real"):
+                r = report[spec][frames]
+                print(f"reward on {spec:11s} reading {frames:8s} frames: agreement {r['balanced_accuracy']} "
+                      f"({r['real_successes']} real, {r['imagined_successes']} called successes of {r['episodes']}; "
+                      f"{r['confusion']}), timing error {r['timing_error_chunks']} chunks", flush=True)
+    for h, row in report["fidelity"]["horizons"].items():
+        print(f"{h:>2} chunks: main {row['psnr_main']} dB / {row['ssim_main']} (held {row['psnr_main_static']} / "
+              f"{row['ssim_main_static']}), wrist {row['psnr_wrist']} / {row['ssim_wrist']} (held "
+              f"{row['psnr_wrist_static']} / {row['ssim_wrist_static']})", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2, default=str))
+
+
+def columns(frames: torch.Tensor, views: tuple[str, ...], size: int) -> torch.Tensor:
+    """From uint8 (N, H, 2 W, 3) main | wrist frames, those of ``views`` side by side."""
+    at = {"main": slice(0, size), "wrist": slice(size, 2 * size)}
+    return torch.cat([frames[:, :, at[v]] for v in views], dim=2)
+
+
+if __name__ == "__main__":
+    main()
