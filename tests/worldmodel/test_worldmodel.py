@@ -620,7 +620,8 @@ def test_the_reward_reads_its_views_side_by_side():
     x = r.inputs({"main": main, "wrist": wrist})
     assert x.shape == (2, 3, 64, 128) and bool(x[..., :64].eq(0).all()) and bool(x[..., 64:].eq(1).all())
     assert r(x).shape == (2,)
-    assert torch.equal(RewardModel(override(get_config("reward_tiny"), views=("wrist",))).inputs({"main": main, "wrist": wrist}), wrist)
+    wrist_only = RewardModel(override(get_config("reward_tiny"), views=("wrist",)))
+    assert torch.equal(wrist_only.inputs({"main": main, "wrist": wrist}), wrist)
     ep = SimpleNamespace(main=np.zeros((3, 64, 64, 3), np.uint8), wrist=np.full((3, 64, 64, 3), 255, np.uint8),
                          success=np.array([False, False, True]))
     frames, labels = episode_frames([ep, ep], ("main", "wrist"))
