@@ -31,9 +31,10 @@ def sft_run(tmp_path_factory) -> Path:
     return run
 
 
-def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode: str = "train") -> Path:
+def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode: str = "train",
+             reward_views: tuple[str, ...] = ("main", "wrist")) -> Path:
     """RUN/manifest.json over synthetic 64 px trajectories, untrained tiny world models and a
-    reward model, the update's selection, then the real ``package_pair``."""
+    reward model reading ``reward_views``, the update's selection, then the real ``package_pair``."""
     from wmrl.data.manifest import build_manifest
     from wmrl.layout import RunLayout
     from wmrl.release.pair import package_pair
@@ -56,8 +57,7 @@ def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode:
         m.set_proprio_stats({"mean": torch.zeros(8), "std": torch.ones(8)})
         path = m.save_pretrained(layout.wm_view(view) / "global_step_1", meta={"step": 1})
         sel[view] = {"view": view, "step": 1, "reason": "target", "weights": str(path)}
-    # the main view alone: the tests' thresholds were chosen on its untrained outputs
-    r = RewardModel(override(TINY.reward, views=("main",)))
+    r = RewardModel(override(TINY.reward, views=reward_views))
     r.threshold.fill_(threshold)
     r.save_pretrained(layout.reward, meta={"threshold": threshold})
     layout.selection.parent.mkdir(parents=True, exist_ok=True)

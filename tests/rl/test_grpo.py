@@ -406,7 +406,8 @@ def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, t
     one, two = tmp_path / "one", tmp_path / "two"
     for run in (one, two):
         shutil.copytree(sft_run, run)
-        add_pair(run, threshold=0.572)  # the untrained reward's median here: groups with both outcomes
+        # the untrained main-view reward's median here: groups with both outcomes
+        add_pair(run, threshold=0.572, reward_views=("main",))
     args = ["python/grpo.py", "--profile", "tiny", "--env", "wm", "--target", "2", "--eval-tasks", "0", "--no-eval-first",
             "--workers", "1", "--envs-per-worker", "1", "--max-steps", "16", "--device", "cpu", "--no-progress",
             "--no-tensorboard"]
