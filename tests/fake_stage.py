@@ -56,7 +56,7 @@ def main(argv):
         (run / "model_pair" / "pair.json").write_text(json.dumps({"run": run.name}))
     elif script == "wm_eval":
         (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "agreement": {
-            "balanced_accuracy": 0.75}}))
+            "balanced_accuracy": 0.75}, "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
     elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from
         ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)

@@ -226,6 +226,7 @@ def test_report_is_self_contained_and_its_twin_links_existing_files(tmp_path):
         raw = base64.b64decode(data)
         assert raw[:8] == b"\x89PNG\r\n\x1a\n" or raw[4:8] == b"ftyp" or raw[:3] == b"GIF"
     assert "Cycle 1: policy sft/10 -&gt; GRPO step 2" in page and "0.75" in page  # stages and the pair's agreement
+    assert "reading the real frames (its ceiling)" in page and "0.875" in page  # ... and the reward's own ceiling
     md = (run / "report.md").read_text()
     for link in [part.split(")")[0] for part in md.split("](")[1:]]:
         assert (run / link).exists(), link

@@ -114,8 +114,10 @@ def world_models(pair: Path, run: Path) -> list[Block]:
     out: list[Block] = [("p", f"World models (`{pair.relative_to(run) if pair.is_relative_to(run) else pair}`), "
                               f"{d.get('episodes', '?')} held-out real episodes replayed from their start:")]
     a, r = d.get("agreement") or {}, d.get("reward") or {}
+    ceiling = d.get("agreement_on_real_frames") or {}  # the reward reading the real frames
     out.append(("table", ["figure", "value"], [
         ["episode agreement with the simulator (balanced accuracy; target 0.85)", a.get("balanced_accuracy", "-")],
+        ["the same reward reading the real frames (its ceiling)", ceiling.get("balanced_accuracy", "-")],
         ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],
         ["reward balanced accuracy, real frames", r.get("balanced_accuracy_real", "-")],
