@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
@@ -41,18 +40,6 @@ from wmrl.worldmodel.data import Transitions, held_out_halves, load_split, propr
 from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
 from wmrl.worldmodel.reward import RewardModel, episode_frames, imagined_frames, train_reward  # noqa: E402
-
-
-def frames_and_labels(episodes) -> tuple[torch.Tensor, torch.Tensor]:
-    if not episodes:
-        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
-    return (torch.from_numpy(np.concatenate([e.main for e in episodes])),
-            torch.from_numpy(np.concatenate([e.success for e in episodes])))
-
-
-def real_roll(roll: dict) -> dict:
-    """The open-loop record with the real frames in place of the imagined ones."""
-    return {**roll, "imagined": roll["real"]}
 
 
 def main() -> None:
@@ -83,6 +70,7 @@ def main() -> None:
     if not (calib and test):
         sys.exit(f"{a.manifest} has {len(val)} validation episodes: build it with a larger --val-ratio (4 or more)")
     train, calib, test = shrink(train, a.size), shrink(calib, a.size), shrink(test, a.size)
+
     def outcome(eps) -> str:
         return f"{sum(bool(e.success.any()) for e in eps)}/{len(eps)} successful"
 

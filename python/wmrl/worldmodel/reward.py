@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,8 +79,6 @@ def episode_frames(episodes, views: tuple[str, ...]) -> tuple[torch.Tensor, torc
     (N, H, W x views, 3), and the simulator's success at each (N,)."""
     if not episodes:
         return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
-    import numpy as np
-
     frames = {v: torch.from_numpy(np.concatenate([getattr(e, v) for e in episodes])) for v in views}
     return side_by_side(frames, views, dim=2), torch.from_numpy(np.concatenate([e.success for e in episodes]))
 
@@ -93,8 +92,8 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
 
 
 @torch.no_grad()
-def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, views: tuple[str, ...] = ("main", "wrist"),
-                    batch: int = 32, seed: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, views: tuple[str, ...], batch: int = 32,
+                    seed: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The frames the pair generates for ``episodes`` (real start, real actions) as the reward
     reads them (``views`` side by side), uint8 (N, H, W x views, 3), with the real frames'
     success labels (N,) and the index of the episode each frame belongs to (N,); the start
