@@ -17,11 +17,12 @@ returns only a few files).
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
-                               VIEW=main|wrist|main,wrist BATCH=64 LR=2e-4]   (world-model architectures at equal
+                               VIEW=main|wrist|main,wrist BATCH=64 LR=2e-4 WM_DEMO_ARGS=...]   (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
                                full-resolution head, @N: context noise, /rS: the change
-                               from the current frame with sigma_data S; bench/wm_probe.py)
+                               from the current frame with sigma_data S, ~W: moving pixels weigh 1 + W in the loss;
+                               each ends with its action response; bench/wm_probe.py)
     python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
                                their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
@@ -207,12 +208,14 @@ def phase_grpo(v: dict, env: dict) -> None:
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
-    """Demonstrations at chunk boundaries (``episodes`` per task) and RUN/manifest.json, unless there."""
+    """Demonstrations at chunk boundaries (``episodes`` per task) and RUN/manifest.json, unless there.
+    WM_DEMO_ARGS: more options of collect_demos.py (``--action-noise 0.2 --keep-failures``: a noisy
+    expert whose failures are kept, actions that vary more for the same scene)."""
     layout = RunLayout(run)
     if not list(layout.demos.glob("*.hdf5")):
         stage("wm_demos", "collect_demos.py", ["--workers", v.get("WORKERS", str(os.cpu_count())), "--out", layout.demos,
                                                "--episodes", episodes, "--frame-interval", "0",
-                                               "--no-progress"], env)
+                                               "--no-progress", *shlex.split(v.get("WM_DEMO_ARGS", ""))], env)
     if not layout.manifest.exists():
         stage("manifest", "make_manifest.py", ["--run", run, "--replay", layout.demos,
                                                *(["--new", v["NEW"]] if "NEW" in v else [])], env)

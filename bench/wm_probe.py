@@ -6,7 +6,7 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch [pP[+R]:]C1,C2,...xB[@N][/rS]``: optionally the pixel patch folded into channels before the
+``--arch [pP[+R]:]C1,C2,...xB[@N][/rS][~W]``: optionally the pixel patch folded into channels before the
 U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32; ``p4+32:`` adds the
 full-resolution head of ``WorldModelConfig.refine`` with 32 channels), the U-Net widths per
 level, blocks per level, optionally the context-noise augmentation's largest std
@@ -19,7 +19,12 @@ episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
 * one chunk ahead, teacher-forced (real context frames), against copying the last frame;
 * open loop over 5 and 10 chunks with the real actions (the model's own frames and proprio as
   context; the wrist model sees the real main view), against holding the start frame: the
-  figure ``wm_eval`` reports for a pair, here per view and per architecture.
+  figure ``wm_eval`` reports for a pair, here per view and per architecture;
+* at the end, the action response (``fidelity.action_response``): one chunk ahead on the pixels
+  that move, the real action chunk against another transition's: what the actions are worth.
+
+``~W`` after an architecture (or ``--motion-weight W`` for all) trains it with
+``WorldModelConfig.motion_weight``: the pixels that move weigh 1 + W in the loss.
 
 ``--strips DIR`` writes, per architecture, real | imagined frames of the first held-out episodes
 open loop (rows: chunks 0, 1, 2, 5, 10). For sweeping model size and learning rate before a long
@@ -41,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
-from wmrl.worldmodel.fidelity import psnr, ssim  # noqa: E402
+from wmrl.worldmodel.fidelity import action_response, psnr, ssim  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
 from wm_throughput import flops_per_sample  # noqa: E402  (bench/, this script's folder)
 
@@ -65,9 +70,11 @@ def parse_arch(text: str, a) -> dict:
     """``32,64,128,256x1``; with GameNGen's context-noise augmentation ``32,64,128,256x1@0.3``;
     on 4 x 4 pixel patches ``p4:128,256,256x1``, with a 32-channel full-resolution head
     ``p4+32:128,256,256x1``; generating the change from the current frame with sigma_data 0.13
-    ``32,64,128,256x1/r0.13``. Without ``@``: --context-noise."""
+    ``32,64,128,256x1/r0.13``; moving pixels weighing 10x in the loss ``p4+32:128,256,256x1~9``.
+    Without ``@``: --context-noise; without ``~``: --motion-weight."""
     patch, _, rest = text.rpartition(":")
     patch, _, refine = patch.partition("+")
+    rest, _, motion = rest.partition("~")
     rest, _, res = rest.partition("/")
     arch, _, noise = rest.partition("@")
     widths, _, blocks = arch.partition("x")
@@ -76,11 +83,12 @@ def parse_arch(text: str, a) -> dict:
             raise ValueError
         return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
                 "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1), "refine": int(refine or 0),
-                "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {})}
+                "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {}),
+                "motion_weight": float(motion or a.motion_weight)}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
-                         "p4:128,256,256x1, p4+32:128,256,256x1 or 32,64,128,256x1/r0.13") from None
+                         "p4:128,256,256x1, p4+32:128,256,256x1, 32,64,128,256x1/r0.13 or p4+32:128,256,256x1~9") from None
 
 
 @torch.no_grad()
@@ -176,10 +184,11 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
+    model.set_proprio_stats(norm)  # for the action response, which reads them from the model
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
     prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
-        + (f"/r{cfg.sigma_data}" if cfg.residual else "")
+        + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -217,13 +226,21 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
             print(f"update {step}: loss {r['loss']:.4f}, one chunk {scores['one_chunk']:.2f} dB / SSIM "
                   f"{scores['one_chunk_ssim']:.3f} (copy-last {held['copy_last']:.2f} / {held['copy_last_ssim']:.3f}); "
                   f"open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+    model.eval()
+    response = action_response(model, val_eps, seed=0, device=a.device)
+    model.train()
+    if response:
+        m = response["psnr_moving"]
+        print(f"action response, one chunk ahead on the {response['moving_fraction']:.1%} of pixels that move: "
+              f"{m['true']:.2f} dB with the real chunk, {m['other']:.2f} with another's (held {m['held']:.2f}): "
+              f"the actions are worth {m['gain_db']:+.2f} dB", flush=True)
     if a.strips and frames is not None:
         write_strip(frames, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}.png")
     gen_batch = 256 if a.device == "cuda" else 16
     rate = generation_rate(model, held, gen_batch, a.device)
     print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
     return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
-            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "curve": curve}, model
+            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "action_response": response, "curve": curve}, model
 
 
 def main() -> None:
@@ -231,11 +248,13 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>] "
+    p.add_argument("--arch", action="append", help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight] "
                    "(repeat to compare); default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
+    p.add_argument("--motion-weight", type=float, default=0.0,
+                   help="WorldModelConfig.motion_weight: extra loss weight of the pixels that move (0: off)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)

@@ -7,8 +7,9 @@ On the second half of the manifest's validation episodes (``held_out_halves``: t
 model's threshold was calibrated on the first): PSNR / SSIM per view after 1, 5, 10, 20
 chunks, the reward model's accuracy on real and on imagined frames, agreement with the
 simulator on whole episodes (replayed actions: does the imagined episode succeed when the real
-one did, and when) beside the same reward reading the real frames (its ceiling), and
-real-vs-imagined MP4s; written to PAIR/fidelity.json and PAIR/videos/.
+one did, and when) beside the same reward reading the real frames (its ceiling), whether each
+model reads its actions (one chunk ahead: the real chunk against another's, on the pixels
+that move), and real-vs-imagined MP4s; written to PAIR/fidelity.json and PAIR/videos/.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(args) -> int:
     from wmrl.fileio import write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
-    from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop, write_videos
+    from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, write_videos
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.reward import RewardModel
 
@@ -70,10 +71,13 @@ def main(args) -> int:
     result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
               "episodes_disjoint_from_reward_calibration": disjoint, **metrics(roll, reward),
               "agreement": episode_agreement(roll, reward),
-              "agreement_on_real_frames": episode_agreement(roll, reward, frames="real")}  # the reward's ceiling
+              "agreement_on_real_frames": episode_agreement(roll, reward, frames="real"),  # the reward's ceiling
+              "action_response": {v: action_response(m, val, seed=args.seed, device=device)
+                                  for v, m in (("main", main_m), ("wrist", wrist_m))}}
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
     write_json(pair.root / "fidelity.json", result)
-    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames") if k in result},
+    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "action_response")
+                      if k in result},
                      indent=1))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")
     return 0

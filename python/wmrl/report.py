@@ -134,6 +134,12 @@ def world_models(pair: Path, run: Path) -> list[Block]:
         out.append(("table", ["chunks ahead", "PSNR main (static)", "PSNR wrist (static)", "SSIM main"],
                     [[h, f"{v['psnr_main']} ({v['psnr_main_static']})", f"{v['psnr_wrist']} ({v['psnr_wrist_static']})",
                       v["ssim_main"]] for h, v in hz.items()]))
+    resp = {v: x for v, x in (d.get("action_response") or {}).items() if x}
+    if resp:  # a model that ignores its actions predicts the same frame from any chunk
+        out.append(("table", ["one chunk ahead, PSNR on the pixels that move", "real chunk", "another chunk", "held frame",
+                              "gain from the actions (dB)"],
+                    [[v, x["psnr_moving"]["true"], x["psnr_moving"]["other"], x["psnr_moving"]["held"],
+                      x["psnr_moving"]["gain_db"]] for v, x in resp.items()]))
     for v in sorted((pair / "videos").glob("*"))[:2] if (pair / "videos").is_dir() else []:
         out.append(("video", v, f"{v.name}: real | imagined (main), real | imagined (wrist)"))
     rk = pair / "ranking.json"  # make wm-rank: does the pair order policies as the simulator does?

@@ -199,6 +199,30 @@ def test_a_residual_model_generates_the_change_from_the_views_current_frame(traj
     torch.testing.assert_close(loss_res, loss_plain)
 
 
+def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
+    """motion_weight W: a pixel that changes over the chunk weighs 1 + W in the frame loss. The
+    same weights and noise give a larger loss with it; where nothing moves (the target is the
+    current frame) the loss is the plain one; a negative weight is refused."""
+    from wmrl.config import ConfigError, override
+
+    torch.manual_seed(0)
+    plain = FrameWorldModel(TINY.main)
+    weighted = FrameWorldModel(override(TINY.main, motion_weight=9))
+    weighted.load_state_dict(plain.state_dict())
+    t = Transitions(_episodes(trajectories[0], "new"), context=TINY.main.context)
+    b = t.batch(torch.arange(6), "main", False, proprio_stats(t))
+
+    def frame_loss(model, batch):
+        torch.manual_seed(0)  # the same noise levels and noise
+        return model.loss(**batch)[1]["frame_loss"].item()
+
+    assert frame_loss(weighted, b) > frame_loss(plain, b)
+    still = {**b, "target": plain.current_frame(b["frames"])}
+    assert frame_loss(weighted, still) == pytest.approx(frame_loss(plain, still), rel=1e-6)
+    with pytest.raises(ConfigError, match="motion_weight"):
+        override(TINY.main, motion_weight=-1)
+
+
 def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
     """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
     draw), the level reaches the conditioning, and generation conditions on clean frames at
@@ -375,6 +399,9 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert reward["val_generated_episodes"]["episodes"] == 1 and fid["agreement"]["episodes"] == 1
     assert fid["episodes_disjoint_from_reward_calibration"] is True
     assert fid["agreement_on_real_frames"]["episodes"] == 1
+    for view in ("main", "wrist"):  # does each model read its actions? (None: one transition only)
+        r = fid["action_response"][view]
+        assert r is None or np.isfinite(r["psnr"]["gain_db"])
 
     w = run / "model_pair/wrist/model.safetensors"
     data = bytearray(w.read_bytes())
@@ -498,6 +525,39 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     assert episode_agreement(late, Mark, frames="real")["timing_error_chunks"] == 0.0  # the reward's ceiling
 
 
+def test_action_response_is_zero_exactly_for_a_model_blind_to_its_actions(trajectories):
+    """The diagnostic behind a blurred, unmoved arm: a model whose conditioning reads the
+    actions predicts another frame from another transition's chunk (same noise); with the
+    actions' weights zeroed, the real chunk and the other give the same frame: gain 0 dB."""
+    from wmrl.worldmodel.fidelity import action_response
+
+    torch.manual_seed(0)
+    episodes = _episodes(trajectories[0], "new")
+    for cfg in (TINY.main, TINY.wrist):
+        model = FrameWorldModel(cfg).eval()
+        with torch.no_grad():  # the output layers start at zero, where the model ignores everything
+            for w in model.parameters():
+                if not w.abs().sum():
+                    w.normal_(0, 0.05)
+            model.act_emb[0].weight.mul_(3)
+        seeing = action_response(model, episodes, seed=3)
+        assert seeing["transitions"] >= 2 and 0 < seeing["moving_fraction"] < 0.2
+        assert seeing["psnr_moving"]["true"] != seeing["psnr_moving"]["other"]
+        with torch.no_grad():
+            model.act_emb[0].weight[:, : cfg.chunk_size * cfg.action_dim] = 0  # proprio still conditions
+        blind = action_response(model, episodes, seed=3)
+        assert blind["psnr"]["gain_db"] == 0 and blind["psnr_moving"]["gain_db"] == 0
+        assert blind["psnr"]["held"] == seeing["psnr"]["held"]  # the baseline does not depend on the model
+    assert action_response(model, [_one_transition(episodes[0])]) is None  # nothing to swap with
+
+
+def _one_transition(ep):
+    from dataclasses import replace
+
+    return replace(ep, main=ep.main[:2], wrist=ep.wrist[:2], proprio=ep.proprio[:2], actions=ep.actions[:1],
+                   success=ep.success[:2])
+
+
 def test_psnr_and_ssim_of_identical_and_noisy_images():
     from wmrl.worldmodel.fidelity import psnr, ssim
 
@@ -543,6 +603,12 @@ def test_inconsistent_deepspeed_batch_sizes_and_world_size_changes_are_refused(t
     check_resume(state, 1, TINY.main)
     with pytest.raises(WMConfigError, match=r"another architecture \(patch 1 -> 2\).*use a new RUN"):
         check_resume(state, 1, override(TINY.main, patch=2))
+    # a record written before a field existed resumes if the field keeps its default, not otherwise
+    older = {k: v for k, v in asdict(TINY.main).items() if k != "motion_weight"}
+    state.write_text(json.dumps({"world_size": 1, "step": 10, "model": older}))
+    check_resume(state, 1, TINY.main)
+    with pytest.raises(WMConfigError, match=r"motion_weight 0.0 -> 4.0"):
+        check_resume(state, 1, override(TINY.main, motion_weight=4.0))
 
 
 def test_a_trajectory_file_failing_validation_stops_training_before_it_starts(trajectories, tmp_path):

@@ -17,6 +17,8 @@ history and the predicted proprio. Compared with the real frames at the same chu
   success when the simulator did, and at which chunk? Balanced accuracy of episode success
   (failures are common in a policy's data, successes in demonstrations) and the timing error.
   This is the figure that decides whether GRPO in imagination can work;
+* whether each model reads the actions (``action_response``): one chunk ahead from real
+  frames, the real action chunk against another transition's, from the same noise;
 * a video per episode: real | imagined, main view then wrist view.
 
 Results go to ``fidelity.json`` next to ``pair.json``.
@@ -154,6 +156,60 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined") -> dict:
             "confusion": {"both_success": int(both.sum()), "only_real": int((real & ~imag).sum()),
                           "only_imagined": int((~real & imag).sum()), "both_failure": int((~real & ~imag).sum())},
             "timing_error_chunks": round(float(timing.mean()), 2) if len(timing) else None}
+
+
+@torch.no_grad()
+def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = True, batch: int = 256
+                    ) -> dict | None:
+    """Does ``model`` read the actions? At every chunk boundary of ``episodes``, from the real
+    context frames (and, for the wrist model, the real main frame at the chunk's end), predict
+    the next frame once with the chunk's real actions and once with another transition's (a
+    fixed shift by half the set, so mostly another episode's), from the same noise. PSNR of both
+    against the real next frame, over the whole frame and over the pixels that move in the real
+    chunk (any channel changes by more than ``model.MOVING``; the arm's pixels, a small part of a
+    LIBERO frame, where a blurred, unmoved arm hides behind a static table in whole-frame PSNR),
+    beside the current frame held (PSNR of the squared error pooled over all pixels). A model that ignores its actions gains 0 dB exactly; one
+    that reads them is better with its own. None for fewer than two transitions."""
+    from wmrl.worldmodel.data import Transitions
+    from wmrl.worldmodel.model import MOVING
+
+    t = Transitions(episodes, model.cfg.context)
+    s = t.size
+    if s < 2:
+        return None
+    other = (torch.arange(s) + s // 2) % s
+    norm = {k: v.cpu() for k, v in model.proprio_stats.items()}  # the transitions stay on the CPU
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and torch.device(device).type == "cuda")
+    se = {k: torch.zeros(()) for k in ("true", "other", "held")}
+    se_moving = {k: torch.zeros(()) for k in se}
+    pixels = pixels_moving = 0
+    for i in range(0, s, batch):
+        idx = torch.arange(i, min(i + batch, s))
+        b = {k: v.to(device) for k, v in t.batch(idx, model.cfg.view, model.cfg.condition_on_main, norm).items()}
+        target = b["target"].float()
+        noise = torch.randn(target.shape, generator=g).to(device)
+        guesses = {"held": model.current_frame(b["frames"]).float()}
+        for name, acts in (("true", b["actions"]), ("other", t.actions[other[idx]].to(device))):
+            with autocast:
+                guesses[name] = model.generate(b["frames"], acts, b["proprio"], noise=noise)[0].float()
+        mask = ((target - guesses["held"]).abs().amax(1, keepdim=True) > MOVING).expand_as(target)
+        for name, guess in guesses.items():
+            err = (guess - target) ** 2
+            se[name] += err.sum().cpu()
+            se_moving[name] += err[mask].sum().cpu()
+        pixels += target.numel()
+        pixels_moving += int(mask.sum())
+
+    def db(total, n):
+        return round(float(10 * torch.log10(4.0 / (total / n).clamp_min(1e-10))), 2) if n else None
+
+    out = {"transitions": s, "moving_fraction": round(pixels_moving / pixels, 4)}
+    for key, sums, n in (("psnr", se, pixels), ("psnr_moving", se_moving, pixels_moving)):
+        row = {k: db(v, n) for k, v in sums.items()}
+        row["gain_db"] = None if row["true"] is None else round(row["true"] - row["other"], 2)
+        out[key] = row
+    return out
 
 
 def _round(x: float | None) -> float | None:

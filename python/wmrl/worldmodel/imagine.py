@@ -3,8 +3,9 @@
 One step takes a batch of action chunks and returns, for every rollout, the imagined main
 and wrist frames at the end of the chunk and the proprio there. Each model keeps the history
 of its own view (``context`` frames, one chunk apart; before the start the first frame
-repeats, as in training); the wrist model also sees the main view's frame of the same
-moment, the one just imagined. Both models predict the next proprio from the same raw
+repeats, as in training); the wrist model also sees the main view's frame of the chunk's
+start, the moment of its own latest frame, as ``Transitions.batch`` trains it (not the main
+frame just imagined, one chunk later). Both models predict the next proprio from the same raw
 proprio (each in its own normalisation); the step's proprio is the mean of the two.
 
 Used by the fidelity report (open loop with real actions) and by GRPO's imagined
@@ -45,8 +46,8 @@ class Imagination:
         for view in ("main", "wrist"):
             model = self.models[view]
             x = self._context(view)
-            if model.cfg.condition_on_main:
-                x = torch.cat([x, frames["main"][:, None]], dim=1)  # the main view just imagined
+            if model.cfg.condition_on_main:  # the main view of the chunk's start, as in training (not the
+                x = torch.cat([x, self.history["main"][-1][:, None]], dim=1)  # one just imagined)
             frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator,
                                       noise=None if noise is None else noise[view])
             frames[view] = frame

@@ -31,6 +31,10 @@ from torch import nn
 from wmrl.config import WorldModelConfig
 from wmrl.pretrained import Pretrained
 
+# A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]):
+# the loss's motion weight and the action response (``fidelity``) use the same mask.
+MOVING = 0.1
+
 
 def images_to_unit(x: torch.Tensor) -> torch.Tensor:
     """uint8 (..., H, W, 3) -> float (..., 3, H, W) in [-1, 1]."""
@@ -232,6 +236,10 @@ class FrameWorldModel(Pretrained, nn.Module):
         b = target.shape[0]
         target = target.float()
         level = None
+        pixel_weight = 1.0
+        if cfg.motion_weight > 0:  # before the target becomes a residual or the context is noised
+            moving = (target - self.current_frame(frames).float()).abs().amax(1, keepdim=True) > MOVING
+            pixel_weight = 1 + cfg.motion_weight * moving.float()
         if cfg.residual:  # the denoiser's data: the change from the (clean) current frame
             target = target - self.current_frame(frames).float()
         if cfg.context_noise > 0:
@@ -241,7 +249,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
         denoised = self.denoise(noisy, sigma, frames, actions, proprio, level).float()
         weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2  # unit-variance targets (EDM)
-        frame_loss = (weight[:, None, None, None] * (denoised - target) ** 2).mean()
+        frame_loss = (weight[:, None, None, None] * pixel_weight * (denoised - target) ** 2).mean()
         proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
         total = frame_loss + proprio_weight * proprio_loss
         return total, {"frame_loss": frame_loss.detach(), "proprio_loss": proprio_loss.detach()}

@@ -112,7 +112,11 @@ def check_resume(state_file: Path, world: int, model: WorldModelConfig) -> None:
         return
     saved = json.loads(state_file.read_text())
     want = json.loads(json.dumps(asdict(model)))  # tuples as lists, as the record holds them
-    if saved.get("model") not in (None, want):  # (records from before the architecture was kept: unchecked)
+    if saved.get("model") is not None:  # (records from before the architecture was kept: unchecked)
+        # a field added to the config since the record was written had its default then
+        defaults = json.loads(json.dumps(asdict(type(model)(view=model.view))))
+        saved["model"] = {**{k: v for k, v in defaults.items() if k not in saved["model"]}, **saved["model"]}
+    if saved.get("model") not in (None, want):
         changed = ", ".join(f"{k} {saved['model'].get(k)} -> {v}" for k, v in want.items() if saved["model"].get(k) != v)
         raise WMConfigError(f"{state_file.parent} holds a {model.view} world model of another architecture ({changed}): "
                             "the profile's model changed since it was saved (a newer default?); use a new RUN, "
