@@ -168,12 +168,12 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
     return batch * repeats / (time.perf_counter() - t0)
 
 
-def held_batch(va: Transitions, view: str, norm: dict, device) -> dict:
+def held_batch(va: Transitions, view: str, norm: dict, device, context: int) -> dict:
     """Every held-out transition as one batch, with copy-last's PSNR and SSIM (the baseline one
     chunk ahead)."""
     held = va.batch(torch.arange(va.size, device=device), view, view == "wrist", norm)
-    held["copy_last"] = float(psnr(held["frames"][:, 1], held["target"]).mean())
-    held["copy_last_ssim"] = float(ssim(held["frames"][:, 1], held["target"]).mean())
+    held["copy_last"] = float(psnr(held["frames"][:, context - 1], held["target"]).mean())
+    held["copy_last_ssim"] = float(ssim(held["frames"][:, context - 1], held["target"]).mean())
     return held
 
 
@@ -181,7 +181,8 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     """Train one architecture on ``tr`` within the step / time budget, evaluating on the way;
     returns its curve and the trained model."""
     torch.manual_seed(a.seed)
-    cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist", **arch)
+    cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist",
+                           context=a.context, **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
     model.set_proprio_stats(norm)  # for the action response, which reads them from the model
@@ -251,6 +252,7 @@ def main() -> None:
     p.add_argument("--arch", action="append", help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight] "
                    "(repeat to compare); default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
+    p.add_argument("--context", type=int, default=2, help="WorldModelConfig.context: frames of history, one chunk apart")
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
     p.add_argument("--motion-weight", type=float, default=0.0,
@@ -270,9 +272,9 @@ def main() -> None:
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
     train, val = shrink(train, a.size), shrink(val, a.size)
-    tr, va = Transitions(train, 2, a.device), Transitions(val, 2, a.device)
+    tr, va = Transitions(train, a.context, a.device), Transitions(val, a.context, a.device)
     norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
-    held = held_batch(va, a.view, norm, a.device)
+    held = held_batch(va, a.view, norm, a.device, a.context)
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
           f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
     results = [probe(arch, tr, va, val, norm, held, a)[0] for arch in archs]
