@@ -337,8 +337,8 @@ class WorldModelConfig:
     # change over a chunk. Pair it with a sigma_data near the changes' std (~0.13 on LIBERO's
     # main view, 64 px; frames themselves ~0.5). False: the frame itself
     residual: bool = False
-    # Extra loss weight on the pixels that move over the chunk (any channel of the real next
-    # frame differs from the current one by more than 0.1): a pixel that moves weighs
+    # Extra loss weight on the pixels that move over the chunk (``model.moving_pixels``: a channel
+    # of the real next frame differs from the current one by more than 0.1): a pixel that moves weighs
     # 1 + motion_weight. The arm is ~9% of a LIBERO main view; with equal weights most of the
     # loss is the static table, and a model can halve it while predicting the same frame for
     # any action chunk (bench/RESULTS.md: the action response). 0: plain EDM loss

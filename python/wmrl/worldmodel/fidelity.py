@@ -162,16 +162,17 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined") -> dict:
 def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = True, batch: int = 256
                     ) -> dict | None:
     """Does ``model`` read the actions? At every chunk boundary of ``episodes``, from the real
-    context frames (and, for the wrist model, the real main frame at the chunk's end), predict
+    context frames (and, for the wrist model, the real main frame at the chunk's start), predict
     the next frame once with the chunk's real actions and once with another transition's (a
     fixed shift by half the set, so mostly another episode's), from the same noise. PSNR of both
     against the real next frame, over the whole frame and over the pixels that move in the real
-    chunk (any channel changes by more than ``model.MOVING``; the arm's pixels, a small part of a
-    LIBERO frame, where a blurred, unmoved arm hides behind a static table in whole-frame PSNR),
-    beside the current frame held (PSNR of the squared error pooled over all pixels). A model that ignores its actions gains 0 dB exactly; one
-    that reads them is better with its own. None for fewer than two transitions."""
+    chunk (``model.moving_pixels``: the arm's pixels, a small part of a LIBERO frame, where a
+    blurred, unmoved arm hides behind a static table in whole-frame PSNR), beside the current
+    frame held (PSNR of the squared error pooled over all pixels). A model that ignores its
+    actions gains 0 dB exactly; one that reads them is better with its own. None for fewer than
+    two transitions."""
     from wmrl.worldmodel.data import Transitions
-    from wmrl.worldmodel.model import MOVING
+    from wmrl.worldmodel.model import moving_pixels
 
     t = Transitions(episodes, model.cfg.context)
     s = t.size
@@ -193,7 +194,7 @@ def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = T
         for name, acts in (("true", b["actions"]), ("other", t.actions[other[idx]].to(device))):
             with autocast:
                 guesses[name] = model.generate(b["frames"], acts, b["proprio"], noise=noise)[0].float()
-        mask = ((target - guesses["held"]).abs().amax(1, keepdim=True) > MOVING).expand_as(target)
+        mask = moving_pixels(target, guesses["held"]).expand_as(target)
         for name, guess in guesses.items():
             err = (guess - target) ** 2
             se[name] += err.sum().cpu()

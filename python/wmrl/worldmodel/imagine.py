@@ -46,8 +46,8 @@ class Imagination:
         for view in ("main", "wrist"):
             model = self.models[view]
             x = self._context(view)
-            if model.cfg.condition_on_main:  # the main view of the chunk's start, as in training (not the
-                x = torch.cat([x, self.history["main"][-1][:, None]], dim=1)  # one just imagined)
+            if model.cfg.condition_on_main:  # the main frame of the chunk's start, as in training
+                x = torch.cat([x, self.history["main"][-1][:, None]], dim=1)
             frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator,
                                       noise=None if noise is None else noise[view])
             frames[view] = frame

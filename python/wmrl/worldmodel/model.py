@@ -31,9 +31,14 @@ from torch import nn
 from wmrl.config import WorldModelConfig
 from wmrl.pretrained import Pretrained
 
-# A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]):
-# the loss's motion weight and the action response (``fidelity``) use the same mask.
+# A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]).
 MOVING = 0.1
+
+
+def moving_pixels(target: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) mask of the pixels that change from ``current`` to ``target`` (B, 3, H, W):
+    the loss's motion weight and the action response (``fidelity``) read the same mask."""
+    return (target.float() - current.float()).abs().amax(1, keepdim=True) > MOVING
 
 
 def images_to_unit(x: torch.Tensor) -> torch.Tensor:
@@ -238,8 +243,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         level = None
         pixel_weight = 1.0
         if cfg.motion_weight > 0:  # before the target becomes a residual or the context is noised
-            moving = (target - self.current_frame(frames).float()).abs().amax(1, keepdim=True) > MOVING
-            pixel_weight = 1 + cfg.motion_weight * moving.float()
+            pixel_weight = 1 + cfg.motion_weight * moving_pixels(target, self.current_frame(frames)).float()
         if cfg.residual:  # the denoiser's data: the change from the (clean) current frame
             target = target - self.current_frame(frames).float()
         if cfg.context_noise > 0:
