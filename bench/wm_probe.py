@@ -6,7 +6,7 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch [pP[+R]:]C1,C2,...xB[@N][/rS][~W]``: optionally the pixel patch folded into channels before the
+``--arch [pP[+R]:]C1,C2,...xB[@N][/rS][~W][^]``: optionally the pixel patch folded into channels before the
 U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32; ``p4+32:`` adds the
 full-resolution head of ``WorldModelConfig.refine`` with 32 channels), the U-Net widths per
 level, blocks per level, optionally the context-noise augmentation's largest std
@@ -24,7 +24,9 @@ episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
   that move, the real action chunk against another transition's: what the actions are worth.
 
 ``~W`` after an architecture (or ``--motion-weight W`` for all) trains it with
-``WorldModelConfig.motion_weight``: the pixels that move weigh 1 + W in the loss.
+``WorldModelConfig.motion_weight``: the pixels that move weigh 1 + W in the loss. A final ``^``
+(or ``--pose-maps``) turns on ``WorldModelConfig.pose_maps`` (main view): the end effector now
+and after the chunk drawn as two input channels.
 
 ``--strips DIR`` writes, per architecture, real | imagined frames of the first held-out episodes
 open loop (rows: chunks 0, 1, 2, 5, 10). For sweeping model size and learning rate before a long
@@ -72,7 +74,8 @@ def parse_arch(text: str, a) -> dict:
     ``p4+32:128,256,256x1``; generating the change from the current frame with sigma_data 0.13
     ``32,64,128,256x1/r0.13``; moving pixels weighing 10x in the loss ``p4+32:128,256,256x1~9``.
     Without ``@``: --context-noise; without ``~``: --motion-weight."""
-    patch, _, rest = text.rpartition(":")
+    pose = text.endswith("^")
+    patch, _, rest = text.removesuffix("^").rpartition(":")
     patch, _, refine = patch.partition("+")
     rest, _, motion = rest.partition("~")
     rest, _, res = rest.partition("/")
@@ -84,7 +87,7 @@ def parse_arch(text: str, a) -> dict:
         return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
                 "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1), "refine": int(refine or 0),
                 "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {}),
-                "motion_weight": float(motion or a.motion_weight)}
+                "motion_weight": float(motion or a.motion_weight), "pose_maps": pose or a.pose_maps}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
@@ -189,7 +192,8 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
     prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
-        + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "")
+        + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
+        + ("^" if cfg.pose_maps else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -249,14 +253,17 @@ def main() -> None:
     p.add_argument("--manifest", required=True)
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--arch", action="append", help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight] "
-                   "(repeat to compare); default 32,64,128x1")
+    p.add_argument("--arch", action="append",
+                   help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight][^] "
+                        "(repeat to compare); default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context", type=int, default=2, help="WorldModelConfig.context: frames of history, one chunk apart")
     p.add_argument("--context-noise", type=float, default=0.0,
                    help="WorldModelConfig.context_noise of an --arch without @ (0: off)")
     p.add_argument("--motion-weight", type=float, default=0.0,
                    help="WorldModelConfig.motion_weight: extra loss weight of the pixels that move (0: off)")
+    p.add_argument("--pose-maps", action="store_true",
+                   help="WorldModelConfig.pose_maps for every --arch (main view; or '^' after one --arch)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)

@@ -343,6 +343,13 @@ class WorldModelConfig:
     # loss is the static table, and a model can halve it while predicting the same frame for
     # any action chunk (bench/RESULTS.md: the action response). 0: plain EDM loss
     motion_weight: float = 0.0
+    # Main view only: draw the end effector now and at the chunk's end (the proprio head's
+    # prediction from the actions) as two Gaussian blobs in the image, read as two more input
+    # channels (``wmrl.worldmodel.camera``: LIBERO-Spatial's agentview projection). The actions
+    # then say where the arm goes in the image's own coordinates instead of only through the
+    # global conditioning vector, which the models hardly read (bench/RESULTS.md: the action
+    # response). False: the global conditioning only
+    pose_maps: bool = False
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
@@ -363,6 +370,9 @@ class WorldModelConfig:
             raise ConfigError(f"channels={self.channels}: each must be divisible by 8 (GroupNorm)")
         if not 0 < self.sigma_min < self.sigma_max:
             raise ConfigError("need 0 < sigma_min < sigma_max")
+        if self.pose_maps and self.view != "main":
+            raise ConfigError("pose_maps draws the end effector in the fixed main camera; the wrist camera moves "
+                              "with it (set pose_maps=False for the wrist model)")
         if self.motion_weight < 0:
             raise ConfigError(f"motion_weight={self.motion_weight}: extra weight of moving pixels, >= 0 (0: off)")
         if not 0 <= self.context_noise <= 2:

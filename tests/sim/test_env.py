@@ -42,6 +42,34 @@ def test_images_are_upright(env0):
     assert wrist["gripper0"] > 48, wrist
 
 
+def test_main_camera_projection_is_the_live_agentview_and_lands_on_the_gripper(env0):
+    """The world model's constant projection (``wmrl.worldmodel.camera``, kept as numbers
+    because the world-model side has no LIBERO) is robosuite's agentview matrix, and on the
+    upright image the projected end effector sits on the gripper's pixels as the arm moves."""
+    import torch
+    from robosuite.utils.camera_utils import get_camera_transform_matrix
+
+    from wmrl.worldmodel import camera
+
+    live = get_camera_transform_matrix(env0.raw.sim, "agentview", 64, 64)[:3]
+    live[:2] /= 64
+    np.testing.assert_allclose(live, np.array(camera.AGENTVIEW_PROJECTION), atol=1e-6)
+    env0.reset(init_index=0)
+    points = []
+    for move in ([0, 0.8, -0.4, 0, 0, 0, -1], [0.6, -0.8, -0.6, 0, 0, 0, -1]):
+        sim = env0.raw.sim
+        seg = upright(sim.render(width=64, height=64, camera_name="agentview", segmentation=True))
+        model = sim.model._model
+        gripper = [(r, c) for r, c in zip(*np.nonzero(seg[..., 0] == mujoco.mjtObj.mjOBJ_GEOM))
+                   if mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.geom_bodyid[seg[r, c, 1]]).startswith("gripper0")]
+        u, v = (camera.project(torch.tensor(env0.proprio()[:3])) * 64).tolist()
+        nearest = min(np.hypot(r + 0.5 - v, c + 0.5 - u) for r, c in gripper)
+        assert nearest < 5, (u, v, nearest)  # the point lies between the fingertips
+        points.append((u, v))
+        env0.step_chunk(np.tile(np.array(move, np.float32), (8, 1)))
+    assert np.hypot(*np.subtract(points[0], points[1])) > 3  # the arm moved, and the point with it
+
+
 def test_observation_shapes_and_types(env0, sim_cfg):
     obs = env0.reset(init_index=1)
     assert obs.main.shape == obs.wrist.shape == (64, 64, 3) and obs.main.dtype == np.uint8

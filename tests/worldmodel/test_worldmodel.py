@@ -223,6 +223,58 @@ def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
         override(TINY.main, motion_weight=-1)
 
 
+def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(trajectories):
+    """pose_maps: two input channels, Gaussian blobs at the end effector's projection now and
+    at the proprio head's prediction for the chunk's end. The first does not depend on the
+    actions, the second moves with them; the frame loss does not train the proprio head
+    through them; the model learns; the wrist model is refused (its camera moves)."""
+    from wmrl.config import ConfigError, override
+    from wmrl.worldmodel import camera
+
+    uv = camera.project(torch.tensor([[-0.2085, 0.0, 1.1733]]))  # the arm at rest, centred above the table
+    assert 0.45 < uv[0, 0] < 0.55 and uv[0, 1] < 0.4  # upright image: the robot stands at the top
+    blob = camera.blobs(uv[None], 64, 64)[0, 0]
+    assert blob.max() > 0.9 and blob.min() == pytest.approx(-1, abs=1e-6)
+    r, c = divmod(int(blob.argmax()), 64)
+    assert abs(c + 0.5 - 64 * uv[0, 0]) <= 1 and abs(r + 0.5 - 64 * uv[0, 1]) <= 1
+
+    torch.manual_seed(0)
+    cfg = override(TINY.main, pose_maps=True)
+    model = FrameWorldModel(cfg)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    norm = proprio_stats(t)
+    b = t.batch(torch.arange(6), "main", False, norm)
+    # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest
+    model.set_proprio_stats({"mean": torch.tensor([-0.2085, 0.0, 1.1733, 0, 0, 0, 0, 0]), "std": torch.full((8,), 0.05)})
+    with torch.no_grad():
+        model.proprio_head[-1].weight.normal_(0, 0.5)  # a head that reads the actions
+    maps = model.pose_maps(b["actions"], b["proprio"], 64, 64)
+    other = model.pose_maps(b["actions"].flip(0), b["proprio"], 64, 64)
+    assert maps.shape == (6, 2, 64, 64)
+    torch.testing.assert_close(maps[:, 0], other[:, 0])  # now: from the proprio alone
+    assert (maps[:, 1] - other[:, 1]).abs().amax() > 0.5  # the chunk's end: from the actions
+    seen = []
+    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    model.loss(**b, proprio_weight=0)[0].backward()  # the frame loss alone
+    assert seen[0][1] == 3 * (1 + cfg.input_frames) + 2
+    assert all(not p.grad.any() for p in model.proprio_head.parameters())
+    model.zero_grad()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss_at_seed_0():
+        torch.manual_seed(0)
+        return model.loss(**b)[0]
+
+    first = loss_at_seed_0().item()
+    for _ in range(15):
+        opt.zero_grad()
+        loss_at_seed_0().backward()
+        opt.step()
+    assert loss_at_seed_0().item() < 0.8 * first
+    with pytest.raises(ConfigError, match="pose_maps"):
+        override(TINY.wrist, pose_maps=True)
+
+
 def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
     """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
     draw), the level reaches the conditioning, and generation conditions on clean frames at

@@ -5,6 +5,7 @@ actions of the chunk and the proprio, it generates that view's frame at the end 
 and predicts the proprio there::
 
     noisy next frame (3 ch) ++ context frames (3 x context ch) [++ main view's frame]
+        [++ end effector now and after the chunk, drawn as blobs (2 ch, ``pose_maps``)]
         [--> p x p patches folded into channels (``patch``)]
         --> U-Net with adaptive GroupNorm, conditioned on (noise level, actions, proprio)
         [--> patches unfolded; a full-resolution head over them, the noisy input and the
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmrl.config import WorldModelConfig
+from wmrl.worldmodel import camera
 from wmrl.pretrained import Pretrained
 
 # A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]).
@@ -162,7 +164,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
             self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
         pp = cfg.patch * cfg.patch  # space-to-depth: each p x p patch of 3 channels becomes 3 p^2 channels
-        self.unet = UNet(3 * pp * (1 + cfg.input_frames), 3 * pp, cfg.channels, cfg.blocks_per_level, c)
+        maps = 2 if cfg.pose_maps else 0
+        self.unet = UNet((3 * (1 + cfg.input_frames) + maps) * pp, 3 * pp, cfg.channels, cfg.blocks_per_level, c)
         if cfg.refine > 0:  # only then: models trained without it keep their parameter names
             self.refine_head = nn.Sequential(nn.Conv2d(9, cfg.refine, 3, padding=1), nn.SiLU(),
                                              nn.Conv2d(cfg.refine, 3, 3, padding=1))
@@ -216,6 +219,8 @@ class FrameWorldModel(Pretrained, nn.Module):
             level = sigma.new_zeros(sigma.shape) if context_level is None else context_level.to(dt)
             cond = cond + self.context_noise_emb(level[:, None] / self.cfg.context_noise)
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
+        if self.cfg.pose_maps:
+            x = torch.cat([x, self.pose_maps(actions, proprio, *x.shape[-2:]).to(dt)], dim=1)
         if self.cfg.patch > 1:
             x = F.pixel_unshuffle(x, self.cfg.patch)
         if self.channels_last:
@@ -226,6 +231,17 @@ class FrameWorldModel(Pretrained, nn.Module):
         if self.cfg.refine > 0:  # full-resolution touch-up: sees each pixel's noise and the current frame
             out = out + self.refine_head(torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1))
         return c_skip * noisy + c_out * out
+
+    def pose_maps(self, actions: torch.Tensor, proprio: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """(B, 2, H, W): the end effector now and at the chunk's end drawn in the main camera.
+        The end comes from the proprio head, so at imagination time it follows the policy's
+        actions; detached, so the frame loss does not bend the proprio head (trained on the
+        real next proprio alone). Positions in float32: bf16 would round them by ~1 cm."""
+        with torch.no_grad():
+            end = self.next_proprio(actions, proprio)
+        mean, std = self.proprio_mean.float(), self.proprio_std.float()
+        points = torch.stack([proprio.float() * std + mean, end.float() * std + mean])[..., :3]  # (2, B, 3)
+        return camera.blobs(camera.project(points).transpose(0, 1), height, width)
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Normalised proprio after the chunk (a residual on the current one)."""
