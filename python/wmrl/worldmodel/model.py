@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmrl.config import WorldModelConfig
-from wmrl.worldmodel import camera
 from wmrl.pretrained import Pretrained
+from wmrl.worldmodel import camera
 
 # A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]).
 MOVING = 0.1
