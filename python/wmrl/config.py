@@ -348,7 +348,9 @@ class WorldModelConfig:
     # channels (``wmrl.worldmodel.camera``: LIBERO-Spatial's agentview projection). The actions
     # then say where the arm goes in the image's own coordinates instead of only through the
     # global conditioning vector, which the models hardly read (bench/RESULTS.md: the action
-    # response). False: the global conditioning only
+    # response). Measured: small gains on the CPU at 64 px, none on the H200 at 128 px (two
+    # seeds each, bench/RESULTS.md "Pose maps on the H200"), so off. False: the global
+    # conditioning only
     pose_maps: bool = False
 
     def __post_init__(self) -> None:
