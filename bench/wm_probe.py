@@ -6,7 +6,7 @@ the same data and the same time budget.
         --arch 64,128,256x2 --arch 32,64,128,256x1 --arch 32,64,128,256x1@0.3 --minutes 2 --batch 64 \
         --lr 2e-4 --json probe.json
 
-``--arch [pP[+R]:]C1,C2,...xB[@N][/rS][~W][^]``: optionally the pixel patch folded into channels before the
+``--arch [pP[+R]:]C1,C2,...xB[@N][/rS][~W][&H][^]``: optionally the pixel patch folded into channels before the
 U-Net (``WorldModelConfig.patch``: ``p4:`` runs a 128 px frame at 32 x 32; ``p4+32:`` adds the
 full-resolution head of ``WorldModelConfig.refine`` with 32 channels), the U-Net widths per
 level, blocks per level, optionally the context-noise augmentation's largest std
@@ -24,7 +24,9 @@ episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
   that move, the real action chunk against another transition's: what the actions are worth.
 
 ``~W`` after an architecture (or ``--motion-weight W`` for all) trains it with
-``WorldModelConfig.motion_weight``: the pixels that move weigh 1 + W in the loss. A final ``^``
+``WorldModelConfig.motion_weight``: the pixels that move weigh 1 + W in the loss. ``&N`` (or
+``--action-history N``) gives it ``WorldModelConfig.action_history``: the N chunks of actions
+before the current one. A final ``^``
 (or ``--pose-maps``) turns on ``WorldModelConfig.pose_maps`` (main view): the end effector now
 and after the chunk drawn as two input channels.
 
@@ -75,7 +77,8 @@ def parse_arch(text: str, a) -> dict:
     ``32,64,128,256x1/r0.13``; moving pixels weighing 10x in the loss ``p4+32:128,256,256x1~9``.
     Without ``@``: --context-noise; without ``~``: --motion-weight."""
     pose = text.endswith("^")
-    patch, _, rest = text.removesuffix("^").rpartition(":")
+    text, _, history = text.removesuffix("^").partition("&")
+    patch, _, rest = text.rpartition(":")
     patch, _, refine = patch.partition("+")
     rest, _, motion = rest.partition("~")
     rest, _, res = rest.partition("/")
@@ -87,7 +90,8 @@ def parse_arch(text: str, a) -> dict:
         return {"channels": tuple(int(c) for c in widths.split(",")), "blocks_per_level": int(blocks or 1),
                 "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1), "refine": int(refine or 0),
                 "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {}),
-                "motion_weight": float(motion or a.motion_weight), "pose_maps": pose or a.pose_maps}
+                "motion_weight": float(motion or a.motion_weight), "pose_maps": pose or a.pose_maps,
+                "action_history": int(history or a.action_history)}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
@@ -106,6 +110,7 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> t
     real = torch.stack([images_to_unit(torch.from_numpy(getattr(e, view)[: horizon + 1])) for e in eps]).to(device)
     main = torch.stack([images_to_unit(torch.from_numpy(e.main[: horizon + 1])) for e in eps]).to(device)
     acts = torch.stack([torch.from_numpy(e.actions[:horizon]) for e in eps]).to(device)
+    acts = torch.cat([acts.new_zeros(len(eps), cfg.action_history, *acts.shape[2:]), acts], 1)  # zeros before the start
     p = (torch.stack([torch.from_numpy(e.proprio[0]) for e in eps]).to(device) - norm["mean"]) / norm["std"]
     history = [real[:, 0]]
     g = torch.Generator(device=device).manual_seed(0)
@@ -117,7 +122,7 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> t
         if cfg.condition_on_main:
             frames = torch.cat([frames, main[:, t, None]], 1)  # the real main view: a one-view probe
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=real.is_cuda):
-            x, p = model.generate(frames, acts[:, t], p, generator=g)
+            x, p = model.generate(frames, acts[:, t:t + cfg.action_chunks].flatten(1, 2), p, generator=g)
         history.append(x.float())  # generate clamps to [-1, 1]
         if t + 1 in OPEN_LOOP:
             x, y, y0 = history[-1], real[:, t + 1], real[:, 0]
@@ -126,11 +131,17 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> t
     return out, torch.stack([real, torch.stack(history, 1)])
 
 
+def own_actions(model, actions: torch.Tensor) -> torch.Tensor:
+    """The last chunks of a batch's actions that ``model`` reads (the batch carries the longest
+    history of the probe's architectures; the past comes first)."""
+    return actions[:, -model.cfg.action_chunks * model.cfg.chunk_size:]
+
+
 def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> tuple[dict, torch.Tensor | None]:
     model.eval()
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
-        x, _ = model.generate(held["frames"], held["actions"], held["proprio"], generator=g)
+        x, _ = model.generate(held["frames"], own_actions(model, held["actions"]), held["proprio"], generator=g)
     x = x.float()
     ol, frames = open_loop(model, val_eps, view, norm, max(OPEN_LOOP), device)
     model.train()
@@ -193,7 +204,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
-        + ("^" if cfg.pose_maps else "")
+        + (f"&{cfg.action_history}" if cfg.action_history else "") + ("^" if cfg.pose_maps else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -209,7 +220,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.device == "cuda"):
-            loss, _ = model.loss(**b)
+            loss, _ = model.loss(**{**b, "actions": own_actions(model, b["actions"])})
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -254,7 +265,7 @@ def main() -> None:
     p.add_argument("--view", choices=["main", "wrist"], default="wrist")
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--arch", action="append",
-                   help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight][^] "
+                   help="[pP[+R]:]widths,...xblocks[@context_noise][/r<sigma_data>][~motion_weight][&history][^] "
                         "(repeat to compare); default 32,64,128x1")
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--context", type=int, default=2, help="WorldModelConfig.context: frames of history, one chunk apart")
@@ -264,6 +275,8 @@ def main() -> None:
                    help="WorldModelConfig.motion_weight: extra loss weight of the pixels that move (0: off)")
     p.add_argument("--pose-maps", action="store_true",
                    help="WorldModelConfig.pose_maps for every --arch (main view; or '^' after one --arch)")
+    p.add_argument("--action-history", type=int, default=0,
+                   help="WorldModelConfig.action_history of an --arch without &N: past chunks of actions it reads")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)
@@ -279,7 +292,8 @@ def main() -> None:
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
     train, val = shrink(train, a.size), shrink(val, a.size)
-    tr, va = Transitions(train, a.context, a.device), Transitions(val, a.context, a.device)
+    history = max(arch["action_history"] for arch in archs)  # each model reads the tail it needs (own_actions)
+    tr, va = Transitions(train, a.context, a.device, history), Transitions(val, a.context, a.device, history)
     norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
     held = held_batch(va, a.view, norm, a.device, a.context)
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "

@@ -352,6 +352,13 @@ class WorldModelConfig:
     # seeds each, bench/RESULTS.md "Pose maps on the H200"), so off. False: the global
     # conditioning only
     pose_maps: bool = False
+    # Chunks of past actions the model reads besides the current one (the actions that led to
+    # its context frames, DIAMOND's conditioning). The OSC controller answers an action within a
+    # few steps, so the last actions of the previous chunk move the arm in this one about as much
+    # as this chunk's first (bench/action_lag.py: R^2 of a chunk's displacement 0.30 -> 0.44 in x
+    # with the previous chunk). Before an episode's start the past actions are zeros (the arm
+    # rests). 0: the current chunk only
+    action_history: int = 0
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
@@ -375,10 +382,18 @@ class WorldModelConfig:
         if self.pose_maps and self.view != "main":
             raise ConfigError("pose_maps draws the end effector in the fixed main camera; the wrist camera moves "
                               "with it (set pose_maps=False for the wrist model)")
+        if not 0 <= self.action_history <= 4:
+            raise ConfigError(f"action_history={self.action_history}: past chunks of actions the model reads, 0..4 "
+                              "(0: the current chunk only; 1: and the previous one)")
         if self.motion_weight < 0:
             raise ConfigError(f"motion_weight={self.motion_weight}: extra weight of moving pixels, >= 0 (0: off)")
         if not 0 <= self.context_noise <= 2:
             raise ConfigError(f"context_noise={self.context_noise}: a std in [0, 2] for frames in [-1, 1]; 0 turns it off")
+
+    @property
+    def action_chunks(self) -> int:
+        """Chunks of actions in the model's action input: the past ones, then the current."""
+        return 1 + self.action_history
 
     @property
     def input_frames(self) -> int:

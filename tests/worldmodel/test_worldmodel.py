@@ -275,6 +275,70 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
         override(TINY.wrist, pose_maps=True)
 
 
+def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_imagination(trajectories):
+    """action_history=1: a transition's actions are the previous chunk's (zeros at an episode's
+    start), then its own; keyframes store the chunk before them; in imagination the model reads
+    the chunk it stepped before (zeros at the start, or the keyframe's). A model with it trains;
+    an out-of-range value is refused."""
+    from wmrl.config import ConfigError, override
+    from wmrl.release.pair import keyframe_tensors
+    from wmrl.worldmodel.imagine import Imagination
+
+    episodes = _episodes(trajectories[0], "new")
+    t = Transitions(episodes, context=2, action_history=1)
+    chunk = TINY.main.chunk_size
+    acts = t.actions_of(torch.arange(t.size))
+    assert acts.shape == (t.size, 2 * chunk, 7)
+    n0 = len(episodes[0].actions)
+    assert not acts[0, :chunk].any() and not acts[n0, :chunk].any()  # each episode's first chunk: zeros before
+    torch.testing.assert_close(acts[1, :chunk], torch.from_numpy(episodes[0].actions[0]))
+    torch.testing.assert_close(acts[1, chunk:], torch.from_numpy(episodes[0].actions[1]))
+    torch.testing.assert_close(Transitions(episodes, context=2).actions_of(torch.arange(3)), t.actions[:3])
+
+    kf, info = keyframe_tensors([(episodes[0], 0), (episodes[0], 2)], context=2, action_history=1)
+    assert kf["past_actions"].shape == (2, 1, chunk, 7) and info["action_history"] == 1
+    assert not kf["past_actions"][0].any()
+    torch.testing.assert_close(kf["past_actions"][1, 0], torch.from_numpy(episodes[0].actions[1]))
+    assert "past_actions" not in keyframe_tensors([(episodes[0], 2)], context=2)[0]
+
+    torch.manual_seed(0)
+    main = FrameWorldModel(override(TINY.main, action_history=1))
+    wrist = FrameWorldModel(TINY.wrist)
+    stats = proprio_stats(t)
+    b = t.batch(torch.arange(6), "main", False, stats)
+    loss, _ = main.loss(**b)
+    loss.backward()
+    assert torch.isfinite(loss) and main.proprio_head[0].weight.grad[:, : chunk * 7].abs().sum() > 0  # the past is read
+    main.set_proprio_stats(stats)
+    wrist.set_proprio_stats(stats)
+    seen = []
+    main.act_emb.register_forward_hook(lambda m, args, out: seen.append(args[0][:, : 2 * chunk * 7].clone()))
+    world = Imagination(main.eval(), wrist.eval())
+    real = {v: torch.stack([_unit(getattr(e, v)[:1]) for e in episodes[:2]]) for v in ("main", "wrist")}
+    p0 = torch.stack([torch.from_numpy(e.proprio[0]) for e in episodes[:2]])
+    a1, a2 = (torch.stack([torch.from_numpy(e.actions[k]) for e in episodes[:2]]) for k in (0, 1))
+    g = torch.Generator().manual_seed(0)
+    world.start(real["main"], real["wrist"], p0)
+    world.step(a1, generator=g)
+    first = len(seen)
+    world.step(a2, generator=g)
+    assert not seen[0][:, : chunk * 7].any()  # the start: zeros before
+    torch.testing.assert_close(seen[first][:, : chunk * 7], a1.flatten(1))
+    torch.testing.assert_close(seen[first][:, chunk * 7:], a2.flatten(1))
+    seen.clear()
+    world.start(real["main"], real["wrist"], p0, past_actions=a2[:, None])  # a keyframe's chunk before
+    world.step(a1, generator=g)
+    torch.testing.assert_close(seen[0][:, : chunk * 7], a2.flatten(1))
+    with pytest.raises(ConfigError, match="action_history"):
+        override(TINY.main, action_history=-1)
+
+
+def _unit(frames):
+    from wmrl.worldmodel.model import images_to_unit
+
+    return images_to_unit(torch.from_numpy(frames))
+
+
 def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(trajectories):
     """GameNGen's augmentation: the loss sees noised context frames (so it depends on the noise
     draw), the level reaches the conditioning, and generation conditions on clean frames at

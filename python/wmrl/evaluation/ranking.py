@@ -133,7 +133,8 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     check_contract(loaded, image_size=sim.image_size, chunk_size=sim.chunk_size)
     contract = loaded.meta["contract"]
     keyframes = Keyframes.held_out(manifest, chunk=contract["chunk_size"], context=contract["context"],
-                                   max_chunk=max_chunk, per_task=keyframes_per_task, seed=seed)
+                                   max_chunk=max_chunk, per_task=keyframes_per_task, seed=seed,
+                                   action_history=contract.get("action_history", 0))
     kf_tasks = tuple(sorted({int(k["task"]) for k in keyframes.info["keyframes"]} & set(tasks)))
     if not kf_tasks:
         raise ConfigError(f"{manifest}'s validation episodes hold no keyframe of tasks {list(tasks)}")

@@ -83,7 +83,7 @@ def select_keyframes(episodes, *, max_chunk: int, per_task: int, seed: int) -> l
 
 
 def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
-               seed: int) -> dict:
+               seed: int, action_history: int = 0) -> dict:
     """Keyframes of the manifest's training episodes -> INIT_FILE (frames, proprio, task) and INIT_INDEX."""
     from safetensors.torch import save_file
 
@@ -93,7 +93,7 @@ def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk
     chosen = select_keyframes(train, max_chunk=max_chunk, per_task=per_task, seed=seed)
     if not chosen:
         raise PairError(f"{manifest} has no training episodes with a keyframe to start from")
-    tensors, info = keyframe_tensors(chosen, context)
+    tensors, info = keyframe_tensors(chosen, context, action_history)
     info.update(max_chunk=max_chunk, seed=seed)
     with atomic_path(out / INIT_FILE) as tmp:
         save_file(tensors, str(tmp))
@@ -101,9 +101,11 @@ def _keyframes(manifest: Path, out: Path, *, chunk: int, context: int, max_chunk
     return info
 
 
-def keyframe_tensors(chosen: list[tuple[object, int]], context: int) -> tuple[dict, dict]:
+def keyframe_tensors(chosen: list[tuple[object, int]], context: int, action_history: int = 0) -> tuple[dict, dict]:
     """(episode, chunk) keyframes -> the tensors an imagined rollout starts from (both views'
-    ``context`` frames ending at the keyframe, the first repeated; proprio; task) and their index."""
+    ``context`` frames ending at the keyframe, the first repeated; proprio; task; with
+    ``action_history`` > 0 also the chunks of actions executed before it, zeros before the
+    episode's start) and their index."""
     import numpy as np
     import torch
 
@@ -115,12 +117,19 @@ def keyframe_tensors(chosen: list[tuple[object, int]], context: int) -> tuple[di
                "proprio": torch.from_numpy(np.stack([e.proprio[k] for e, k in chosen])),
                "task": torch.tensor([e.task for e, _ in chosen], dtype=torch.int64),
                "chunk": torch.tensor([k for _, k in chosen], dtype=torch.int64)}
+    if action_history:
+        def before(actions: np.ndarray, k: int) -> np.ndarray:
+            return np.stack([actions[k - j] if k - j >= 0 else np.zeros_like(actions[0])
+                             for j in range(action_history, 0, -1)])
+
+        tensors["past_actions"] = torch.from_numpy(np.stack([before(e.actions, k) for e, k in chosen]))
     per_task_count: dict[str, int] = {}
     for e, _ in chosen:
         per_task_count[str(e.task)] = per_task_count.get(str(e.task), 0) + 1
     info = {"keyframes": [{"episode": e.key, "file_sha256": e.file_sha256, "chunk": k, "task": e.task,
                            "source": e.source} for e, k in chosen],
             "episodes": sorted({e.key for e, _ in chosen}), "context": context,
+            **({"action_history": action_history} if action_history else {}),
             "instructions": {str(e.task): e.instruction for e, _ in chosen},
             "per_task": dict(sorted(per_task_count.items(), key=lambda kv: int(kv[0])))}
     return tensors, info
@@ -150,14 +159,16 @@ def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *
         _copy(src, out / part)
     init_info = _keyframes(layout.manifest, out, chunk=cfgs["main"].chunk_size,
                            context=max(c.context for c in cfgs.values()), max_chunk=keyframe_max_chunk,
-                           per_task=keyframes_per_task, seed=seed)
+                           per_task=keyframes_per_task, seed=seed,
+                           action_history=max(c.action_history for c in cfgs.values()))
     files = {part: [_file_entry(out / part / n, out) for n in ("model.safetensors", "config.json")] for part in PARTS}
     files["init_observations"] = [_file_entry(out / INIT_FILE, out), _file_entry(out / INIT_INDEX, out)]
     pair = {
         "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "contract": {"image_size": cfgs["main"].image_size, "chunk_size": cfgs["main"].chunk_size,
                      "action_dim": ACTION_DIM, "proprio_dim": PROPRIO_DIM, "views": list(VIEWS),
-                     "context": init_info["context"]},
+                     "context": init_info["context"],
+                     **({"action_history": init_info["action_history"]} if "action_history" in init_info else {})},
         "models": {**{v: {"step": sel[v]["step"], "stopped": sel[v]["reason"], "source": str(sources[v]),
                           "sample_steps": cfgs[v].sample_steps, **({"distilled_from": sel[v]["teacher"]} if students else {})}
                       for v in VIEWS},

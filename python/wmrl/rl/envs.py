@@ -189,7 +189,7 @@ class Keyframes:
 
     @classmethod
     def held_out(cls, manifest: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
-                 seed: int) -> "Keyframes":
+                 seed: int, action_history: int = 0) -> "Keyframes":
         """Keyframes of the manifest's *validation* episodes, which no world model trained on:
         the starts of an evaluation inside the pair."""
         from wmrl.release.pair import PairError, keyframe_tensors, select_keyframes
@@ -199,7 +199,7 @@ class Keyframes:
         chosen = select_keyframes(val, max_chunk=max_chunk, per_task=per_task, seed=seed)
         if not chosen:
             raise PairError(f"{manifest} has no validation episodes with a keyframe: build it with --val-ratio > 0")
-        tensors, info = keyframe_tensors(chosen, context)
+        tensors, info = keyframe_tensors(chosen, context, action_history)
         return cls(tensors, info, "keyframes of held-out (validation) trajectories")
 
 
@@ -241,6 +241,11 @@ class ImaginedEnv:
                             f"{','.join(map(str, info['per_task']))}")
         self.frames = {"main": kf["main"].to(self.device), "wrist": kf["wrist"].to(self.device)}  # (N, C, H, W, 3)
         self.proprio = kf["proprio"].to(self.device).float()
+        history = max(main.cfg.action_history, wrist.cfg.action_history)
+        if history and kf.get("past_actions", torch.zeros(0, 0)).shape[1:2] != (history,):
+            raise PairError(f"{keyframes.origin} ({pair.root}) carry no {history} chunk(s) of past actions, which its "
+                            "world models read (action_history): package the pair again with this kit")
+        self.past_actions = kf["past_actions"].to(self.device).float() if history else None
         self.index_path = None
         if index_dir is None:
             return
@@ -276,7 +281,7 @@ class ImaginedEnv:
         rid = [rollout_id(s, m, group_size) for s in starts for m in range(group_size)]
         instr = [self.instructions[s.task] for s in starts for _ in range(group_size)]
         self.world.start(images_to_unit(self.frames["main"][kf]), images_to_unit(self.frames["wrist"][kf]),
-                         self.proprio[kf])
+                         self.proprio[kf], None if self.past_actions is None else self.past_actions[kf])
         main, wrist = self.frames["main"][kf, -1], self.frames["wrist"][kf, -1]  # uint8 (B, H, W, 3)
         proprio = self.proprio[kf]
         done = torch.zeros(b, dtype=torch.bool, device=self.device)

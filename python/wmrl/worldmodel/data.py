@@ -126,7 +126,9 @@ def _read_file(job: tuple) -> list[tuple[int, Episode]]:
 class Transitions:
     """All transitions of a list of episodes, as tensors (on ``device``)."""
 
-    def __init__(self, episodes: list[Episode], context: int, device="cpu"):
+    def __init__(self, episodes: list[Episode], context: int, device="cpu", action_history: int = 0):
+        """``action_history``: past chunks of actions each batch carries before the current one
+        (``WorldModelConfig.action_history``; zeros before an episode's first chunk)."""
         import torch
 
         if not episodes:
@@ -136,17 +138,20 @@ class Transitions:
         self.main, self.wrist = cat([e.main for e in episodes]), cat([e.wrist for e in episodes])
         self.proprio = cat([e.proprio for e in episodes])
         self.success = cat([e.success for e in episodes])
-        ctx, nxt, acts, src = [], [], [], []
+        ctx, nxt, acts, src, prev = [], [], [], [], []
         for e, off in zip(episodes, offsets):
             for k in range(len(e.actions)):
                 ctx.append([off + max(0, k - j) for j in range(context - 1, -1, -1)])  # oldest first
                 nxt.append(off + k + 1)
                 src.append(e.source == "new")
+                prev.append(len(nxt) - 2 if k > 0 else -1)  # the episode's previous transition
             acts.append(e.actions)
         self.context = torch.tensor(ctx, dtype=torch.long, device=device)  # (S, context) frame rows
         self.next = torch.tensor(nxt, dtype=torch.long, device=device)
         self.actions = cat(acts)  # (S, chunk, A)
         self.is_new = torch.tensor(src, dtype=torch.bool, device=device)
+        self.previous = torch.tensor(prev, dtype=torch.long, device=device)  # (S,) -1 at an episode's start
+        self.action_history = action_history
         self.image_size = int(self.main.shape[1])
 
     @property
@@ -165,8 +170,20 @@ class Transitions:
         if condition_on_main:
             frames = torch.cat([frames, images_to_unit(self.main[ctx[:, -1]])[:, None]], dim=1)
         p = (self.proprio - norm["mean"]) / norm["std"]
-        return {"frames": frames, "target": images_to_unit(images[self.next[idx]]), "actions": self.actions[idx],
+        return {"frames": frames, "target": images_to_unit(images[self.next[idx]]), "actions": self.actions_of(idx),
                 "proprio": p[ctx[:, -1]], "next_proprio": p[self.next[idx]]}
+
+    def actions_of(self, idx):
+        """(B, (1 + action_history) x chunk, A): the past chunks (oldest first, zeros before the
+        episode's start), then transition ``idx``'s own."""
+        import torch
+
+        chunks, j = [self.actions[idx]], idx
+        for _ in range(self.action_history):
+            j = torch.where(j >= 0, self.previous[j.clamp_min(0)], j)
+            past = self.actions[j.clamp_min(0)]
+            chunks.insert(0, torch.where((j >= 0)[:, None, None], past, torch.zeros_like(past)))
+        return torch.cat(chunks, dim=1)
 
 
 class MixedSampler:

@@ -201,8 +201,11 @@ def main(job: DistillJob) -> dict:
     if sizes != {cfg0.image_size}:
         raise DistillError(f"the manifest's frames are {sorted(sizes)} px, the world models {cfg0.image_size} px: "
                            "distil with the run whose update made them")
-    train = Transitions(train_eps, cfg0.context, device)
-    val = Transitions(val_eps, cfg0.context, device) if val_eps else None
+    if len({(t["cfg"].context, t["cfg"].action_history) for t in teachers.values()}) > 1:
+        raise DistillError("the two views' world models read different histories (context, action_history): "
+                           "distil each with its own run (--view)")
+    train = Transitions(train_eps, cfg0.context, device, cfg0.action_history)
+    val = Transitions(val_eps, cfg0.context, device, cfg0.action_history) if val_eps else None
     selection, reports = {}, {}
     with exclusive(layout.worldmodels, "make wm-distill"):
         for view, info in teachers.items():

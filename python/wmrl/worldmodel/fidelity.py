@@ -174,7 +174,7 @@ def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = T
     from wmrl.worldmodel.data import Transitions
     from wmrl.worldmodel.model import moving_pixels
 
-    t = Transitions(episodes, model.cfg.context)
+    t = Transitions(episodes, model.cfg.context, action_history=model.cfg.action_history)
     s = t.size
     if s < 2:
         return None
@@ -191,7 +191,9 @@ def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = T
         target = b["target"].float()
         noise = torch.randn(target.shape, generator=g).to(device)
         guesses = {"held": model.current_frame(b["frames"]).float()}
-        for name, acts in (("true", b["actions"]), ("other", t.actions[other[idx]].to(device))):
+        swapped = b["actions"].clone()  # the past chunks stay: only the chunk to imagine is another's
+        swapped[:, -model.cfg.chunk_size:] = t.actions[other[idx]].to(device)
+        for name, acts in (("true", b["actions"]), ("other", swapped)):
             with autocast:
                 guesses[name] = model.generate(b["frames"], acts, b["proprio"], noise=noise)[0].float()
         mask = moving_pixels(target, guesses["held"]).expand_as(target)

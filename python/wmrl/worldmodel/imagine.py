@@ -6,7 +6,9 @@ of its own view (``context`` frames, one chunk apart; before the start the first
 repeats, as in training); the wrist model also sees the main view's frame of the chunk's
 start, the moment of its own latest frame, as ``Transitions.batch`` trains it (not the main
 frame just imagined, one chunk later). Both models predict the next proprio from the same raw
-proprio (each in its own normalisation); the step's proprio is the mean of the two.
+proprio (each in its own normalisation); the step's proprio is the mean of the two. A model
+with ``action_history`` also reads the chunks stepped before (at the start: those given to
+``start``, else zeros, an episode's first chunk).
 
 Used by the fidelity report (open loop with real actions) and by GRPO's imagined
 environment (closed loop with the policy's actions); everything stays on the device.
@@ -24,13 +26,27 @@ class Imagination:
                              f"{main_model.cfg.view!r} and {wrist_model.cfg.view!r}")
         self.models = {"main": main_model, "wrist": wrist_model}
         self.history: dict[str, list[torch.Tensor]] = {}
+        self.past_actions: list[torch.Tensor] = []
         self.proprio: torch.Tensor | None = None
 
-    def start(self, main: torch.Tensor, wrist: torch.Tensor, proprio: torch.Tensor) -> None:
+    def start(self, main: torch.Tensor, wrist: torch.Tensor, proprio: torch.Tensor,
+              past_actions: torch.Tensor | None = None) -> None:
         """``main`` / ``wrist``: (B, T, 3, H, W) in [-1, 1], the last T real frames of each
-        view (oldest first; T >= 1); ``proprio``: (B, P) raw, at the last frame."""
+        view (oldest first; T >= 1); ``proprio``: (B, P) raw, at the last frame; ``past_actions``:
+        (B, K, chunk, A), the chunks executed before it, oldest first (None: an episode's start)."""
         self.history = {"main": list(main.unbind(1)), "wrist": list(wrist.unbind(1))}
+        self.past_actions = [] if past_actions is None else list(past_actions.float().unbind(1))
         self.proprio = proprio.float()
+
+    def _actions(self, view: str, actions: torch.Tensor) -> torch.Tensor:
+        """The model's action input: its ``action_history`` past chunks (zeros before the
+        start), then ``actions``."""
+        h = self.models[view].cfg.action_history
+        if not h:
+            return actions
+        past = self.past_actions[-h:]
+        past = [torch.zeros_like(actions)] * (h - len(past)) + [a.to(actions) for a in past]
+        return torch.cat([*past, actions], dim=1)
 
     def _context(self, view: str) -> torch.Tensor:
         ctx = self.models[view].cfg.context
@@ -48,12 +64,15 @@ class Imagination:
             x = self._context(view)
             if model.cfg.condition_on_main:  # the main frame of the chunk's start, as in training
                 x = torch.cat([x, self.history["main"][-1][:, None]], dim=1)
-            frame, p = model.generate(x, actions, model.normalize_proprio(self.proprio), generator=generator,
+            frame, p = model.generate(x, self._actions(view, actions), model.normalize_proprio(self.proprio),
+                                      generator=generator,
                                       noise=None if noise is None else noise[view])
             frames[view] = frame
             nexts.append(model.unnormalize_proprio(p))
         for view in ("main", "wrist"):
             self.history[view].append(frames[view])
             self.history[view] = self.history[view][-max(m.cfg.context for m in self.models.values()):]
+        keep = max(m.cfg.action_history for m in self.models.values())
+        self.past_actions = (self.past_actions + [actions])[-keep:] if keep else []
         self.proprio = torch.stack(nexts).mean(0)
         return frames["main"], frames["wrist"], self.proprio

@@ -158,7 +158,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         self.register_buffer("proprio_mean", torch.zeros(cfg.proprio_dim))
         self.register_buffer("proprio_std", torch.ones(cfg.proprio_dim))
         c = cfg.cond_dim
-        act = cfg.chunk_size * cfg.action_dim
+        act = cfg.action_chunks * cfg.chunk_size * cfg.action_dim  # past chunks, then the current one
         self.noise_emb = nn.Sequential(FourierFeatures(c), nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
         self.act_emb = nn.Sequential(nn.Linear(act + cfg.proprio_dim, c), nn.SiLU(), nn.Linear(c, c))
         if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
@@ -204,7 +204,8 @@ class FrameWorldModel(Pretrained, nn.Module):
                 proprio: torch.Tensor, context_level: torch.Tensor | None = None) -> torch.Tensor:
         """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
         noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
-        actions (B, chunk, A) in [-1, 1]; proprio (B, P) normalised; ``context_level`` (B,):
+        actions (B, action_chunks x chunk, A) in [-1, 1] (``action_history`` past chunks, oldest
+        first, then the chunk to imagine); proprio (B, P) normalised; ``context_level`` (B,):
         the std of the noise already added to ``frames`` (training's augmentation; None: 0)."""
         dt = self.unet.stem.weight.dtype  # bf16 under DeepSpeed on a GPU: everything in one dtype
         noisy, sigma, frames, actions, proprio = (t.to(dt) for t in (noisy, sigma, frames, actions, proprio))

@@ -178,8 +178,8 @@ def _load_data(job: WMJob, device):
     if size != {job.model.image_size}:
         raise WMConfigError(f"trajectories have {sorted(size)} px frames, the {job.view} model is configured for "
                          f"{job.model.image_size} px: collect at that size or pick the matching --profile")
-    tr = Transitions(train, job.model.context, device)
-    va = Transitions(val, job.model.context, device) if val else None
+    tr = Transitions(train, job.model.context, device, job.model.action_history)
+    va = Transitions(val, job.model.context, device, job.model.action_history) if val else None
     return manifest, tr, va
 
 
