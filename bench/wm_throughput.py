@@ -57,7 +57,7 @@ def _inputs(cfg, batch: int, device):
     s = cfg.image_size
     return {"frames": torch.rand(batch, cfg.input_frames, 3, s, s, device=device) * 2 - 1,
             "target": torch.rand(batch, 3, s, s, device=device) * 2 - 1,
-            "actions": torch.rand(batch, cfg.chunk_size, cfg.action_dim, device=device) * 2 - 1,
+            "actions": torch.rand(batch, cfg.action_chunks * cfg.chunk_size, cfg.action_dim, device=device) * 2 - 1,
             "proprio": torch.randn(batch, cfg.proprio_dim, device=device),
             "next_proprio": torch.randn(batch, cfg.proprio_dim, device=device)}
 
@@ -153,14 +153,15 @@ def bench_imagination(prof, args, device) -> dict:
     cm, cw = prof.main, prof.wrist
     frames_m = torch.rand(b, cm.context, 3, cm.image_size, cm.image_size, device=device) * 2 - 1
     frames_w = torch.rand(b, cw.context, 3, cw.image_size, cw.image_size, device=device) * 2 - 1
-    acts = torch.rand(b, cm.chunk_size, cm.action_dim, device=device) * 2 - 1
+    acts = torch.rand(b, max(cm.action_chunks, cw.action_chunks) * cm.chunk_size, cm.action_dim, device=device) * 2 - 1
+    acts_m, acts_w = (acts[:, -c.action_chunks * c.chunk_size:] for c in (cm, cw))  # past chunks first
     prop = torch.randn(b, cm.proprio_dim, device=device)
 
     def chunk():
         with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
-            m, p = main.generate(frames_m, acts, prop)
+            m, p = main.generate(frames_m, acts_m, prop)
             x = torch.cat([frames_w, m[:, None]], dim=1) if cw.condition_on_main else frames_w
-            w, _ = wrist.generate(x, acts, prop)
+            w, _ = wrist.generate(x, acts_w, prop)
         return m, w, p
 
     wall = _timed(chunk, args.warmup, args.chunks, device)
