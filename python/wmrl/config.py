@@ -357,7 +357,8 @@ class WorldModelConfig:
     # few steps, so the last actions of the previous chunk move the arm in this one about as much
     # as this chunk's first (bench/action_lag.py: R^2 of a chunk's displacement 0.30 -> 0.44 in x
     # with the previous chunk). Before an episode's start the past actions are zeros (the arm
-    # rests). 0: the current chunk only
+    # rests). Measured so far only on the CPU, where 1 stays within the seeds' spread
+    # (bench/RESULTS.md "Action history on the CPU"). 0: the current chunk only
     action_history: int = 0
 
     def __post_init__(self) -> None:
