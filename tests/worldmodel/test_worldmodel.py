@@ -117,6 +117,23 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
 
 
+def _fits_one_batch(model, batch, updates: int = 15) -> bool:
+    """A few Adam steps on one batch, with the same noise levels and noise every time, take its
+    loss below 80% of where it started: the model can learn."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss_at_seed_0():
+        torch.manual_seed(0)
+        return model.loss(**batch)[0]
+
+    first = loss_at_seed_0().item()
+    for _ in range(updates):
+        opt.zero_grad()
+        loss_at_seed_0().backward()
+        opt.step()
+    return loss_at_seed_0().item() < 0.8 * first
+
+
 def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(trajectories):
     """patch=2 folds each 2 x 2 pixel patch into channels before the U-Net and back after it:
     the U-Net sees a quarter of the positions with 4x the channels, frames keep their size,
@@ -133,18 +150,7 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
     frame, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
     assert frame.shape == (6, 3, 64, 64)
     assert seen[0] == (6, 3 * 4 * (1 + cfg.input_frames), 32, 32)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def loss_at_seed_0():
-        torch.manual_seed(0)  # the same noise levels and noise every time
-        return model.loss(**b)[0]
-
-    first = loss_at_seed_0().item()
-    for _ in range(15):
-        opt.zero_grad()
-        loss_at_seed_0().backward()
-        opt.step()
-    assert loss_at_seed_0().item() < 0.8 * first
+    assert _fits_one_batch(model, b)
     with pytest.raises(ConfigError, match="patch=3"):
         override(TINY.main, patch=3)
 
@@ -259,18 +265,7 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
     assert seen[0][1] == 3 * (1 + cfg.input_frames) + 2
     assert all(not p.grad.any() for p in model.proprio_head.parameters())
     model.zero_grad()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def loss_at_seed_0():
-        torch.manual_seed(0)
-        return model.loss(**b)[0]
-
-    first = loss_at_seed_0().item()
-    for _ in range(15):
-        opt.zero_grad()
-        loss_at_seed_0().backward()
-        opt.step()
-    assert loss_at_seed_0().item() < 0.8 * first
+    assert _fits_one_batch(model, b)
     with pytest.raises(ConfigError, match="pose_maps"):
         override(TINY.wrist, pose_maps=True)
 

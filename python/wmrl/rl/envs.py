@@ -242,7 +242,7 @@ class ImaginedEnv:
         self.frames = {"main": kf["main"].to(self.device), "wrist": kf["wrist"].to(self.device)}  # (N, C, H, W, 3)
         self.proprio = kf["proprio"].to(self.device).float()
         history = max(main.cfg.action_history, wrist.cfg.action_history)
-        if history and kf.get("past_actions", torch.zeros(0, 0)).shape[1:2] != (history,):
+        if history and ("past_actions" not in kf or kf["past_actions"].shape[1] < history):
             raise PairError(f"{keyframes.origin} ({pair.root}) carry no {history} chunk(s) of past actions, which its "
                             "world models read (action_history): package the pair again with this kit")
         self.past_actions = kf["past_actions"].to(self.device).float() if history else None
