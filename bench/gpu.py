@@ -17,7 +17,7 @@ returns only a few files).
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
-                               VIEW=main|wrist|main,wrist BATCH=64 LR=2e-4 WM_DEMO_ARGS=...
+                               VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
                                SEEDS=0,1]   (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
@@ -247,14 +247,20 @@ def phase_probe(v: dict, env: dict) -> None:
     run = v.get("PROBE_RUN", "runs/probe")  # its own names: it chains before other phases (probe+speedrun)
     layout = wm_data(run, v, env, v.get("PROBE_EPISODES", "15"))
     archs = v.get("ARCHS", "64,128,256x2 32,64,128,256x1").split()
+    # BATCH=64,256 LR=2e-4,4e-4: each batch size with its learning rate, at the same training time
+    batches, lrs = v.get("BATCH", "64").split(","), v.get("LR", "2e-4").split(",")
+    if len(lrs) != len(batches):
+        sys.exit(f"BATCH has {len(batches)} sizes and LR {len(lrs)} rates: give one rate per batch size")
     for seed in v.get("SEEDS", "0").split(","):  # SEEDS=0,1: the spread of every figure, seed by seed
         for view in v.get("VIEW", "main").split(","):  # VIEW=main,wrist: each view in turn
-            name = ("wm_probe" if view == "main" else f"wm_probe_{view}") + (f"_s{seed}" if seed != "0" else "")
-            stage(name, "bench/wm_probe.py", ["--manifest", layout.manifest, "--view", view, "--size", v.get("SIZE", "128"),
-                                              *[a for x in archs for a in ("--arch", x)], "--minutes", v.get("MINUTES", "2"),
-                                              "--steps", "100000", "--batch", v.get("BATCH", "64"), "--lr", v.get("LR", "2e-4"),
-                                              "--eval-every", v.get("EVAL_EVERY", "250"), "--seed", seed,
-                                              "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
+            for batch, lr in zip(batches, lrs):
+                name = ("wm_probe" if view == "main" else f"wm_probe_{view}") + (f"_s{seed}" if seed != "0" else "") \
+                    + (f"_b{batch}" if len(batches) > 1 else "")
+                stage(name, "bench/wm_probe.py", ["--manifest", layout.manifest, "--view", view, "--size", v.get("SIZE", "128"),
+                                                  *[a for x in archs for a in ("--arch", x)], "--minutes", v.get("MINUTES", "2"),
+                                                  "--steps", "100000", "--batch", batch, "--lr", lr,
+                                                  "--eval-every", v.get("EVAL_EVERY", "250"), "--seed", seed,
+                                                  "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
 
 
 def phase_distill(v: dict, env: dict) -> None:
