@@ -167,7 +167,7 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
     """Frames per second this one view generates (``sample_steps`` Euler steps each), ``batch``
     at once, bf16 on a GPU: the imagination side of an architecture's cost."""
     idx = torch.arange(batch, device=device) % held["target"].shape[0]
-    args = (held["frames"][idx], held["actions"][idx], held["proprio"][idx])
+    args = (held["frames"][idx], own_actions(model, held["actions"][idx]), held["proprio"][idx])
     model.eval()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
         model.generate(*args)  # warm-up (cuDNN picks its kernels)
