@@ -14,11 +14,11 @@ returns only a few files).
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
-    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=64 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
+    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
-                               SEEDS=0,1]   (world-model architectures at equal
+                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16]   (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
                                full-resolution head, @N: context noise, /rS: the change
@@ -229,8 +229,8 @@ def phase_wm(v: dict, env: dict) -> None:
     if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
         stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
     layout = wm_data(run, v, env, v.get("EPISODES", "20"))
-    args = ["--run", run, "--steps", v.get("STEPS", "400"), "--micro-batch", v.get("MICRO", "16"), "--grad-accum",
-            v.get("ACCUM", "4"), "--save-interval", "100", "--no-progress",
+    args = ["--run", run, "--steps", v.get("STEPS", "400"), "--save-interval", "100", "--no-progress",
+            *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else [])]
     stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
                                                              "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})
@@ -260,6 +260,8 @@ def phase_probe(v: dict, env: dict) -> None:
                                                   *[a for x in archs for a in ("--arch", x)], "--minutes", v.get("MINUTES", "2"),
                                                   "--steps", "100000", "--batch", batch, "--lr", lr,
                                                   "--eval-every", v.get("EVAL_EVERY", "250"), "--seed", seed,
+                                                  *(["--ema", v["EMA"]] if "EMA" in v else []),
+                                                  *(["--final-steps", v["FINAL_STEPS"]] if "FINAL_STEPS" in v else []),
                                                   "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
 
 

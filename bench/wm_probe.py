@@ -12,7 +12,8 @@ full-resolution head of ``WorldModelConfig.refine`` with 32 channels), the U-Net
 level, blocks per level, optionally the context-noise augmentation's largest std
 (``WorldModelConfig.context_noise``) and ``/rS``: generate the change from the current frame
 (``WorldModelConfig.residual``) with EDM's ``sigma_data`` S; the default profile's is ``p4+32:128,256,256x1``,
-the earlier defaults ``32,64,128,256x1`` and ``64,128,256x2``. Frames are
+the earlier defaults ``32,64,128,256x1`` and ``64,128,256x2`` (the default profile's reads one past
+chunk of actions too: ``p4+32:128,256,256x1&1``). Frames are
 area-downsampled to ``--size`` (one 128 px collection serves several sizes). Each evaluation reports, on the held-out
 episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
 
@@ -29,6 +30,14 @@ episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
 before the current one. A final ``^``
 (or ``--pose-maps``) turns on ``WorldModelConfig.pose_maps`` (main view): the end effector now
 and after the chunk drawn as two input channels.
+
+``--ema BETA`` also keeps an exponential moving average of the weights (the decay ramps up as
+``(1 + n) / (10 + n)`` until it reaches BETA) and evaluates it beside the raw weights at every
+evaluation: the same training run, read two ways.
+
+``--final-steps 8,16`` evaluates the trained weights again with that many Euler steps (the
+models sample with ``WorldModelConfig.sample_steps``, 3): is a blurred arm the sampler's or the
+network's?
 
 ``--strips DIR`` writes, per architecture, real | imagined frames of the first held-out episodes
 open loop (rows: chunks 0, 1, 2, 5, 10). For sweeping model size and learning rate before a long
@@ -49,6 +58,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from wmrl.config import WorldModelConfig  # noqa: E402
+from wmrl.ema import EMA  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import action_response, psnr, ssim  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
@@ -99,7 +109,8 @@ def parse_arch(text: str, a) -> dict:
 
 
 @torch.no_grad()
-def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> tuple[dict, torch.Tensor | None]:
+def open_loop(model, episodes, view: str, norm: dict, horizon: int, device, steps: int | None = None
+              ) -> tuple[dict, torch.Tensor | None]:
     """PSNR and SSIM at each horizon of OPEN_LOOP, imagined vs real and held start frame vs
     real, over the episodes at least that long (all of them as one batch); and the real and
     imagined frames (2, episodes, horizon + 1, 3, H, W) for the strips."""
@@ -122,7 +133,7 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device) -> t
         if cfg.condition_on_main:
             frames = torch.cat([frames, main[:, t, None]], 1)  # the real main view: a one-view probe
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=real.is_cuda):
-            x, p = model.generate(frames, acts[:, t:t + cfg.action_chunks].flatten(1, 2), p, generator=g)
+            x, p = model.generate(frames, acts[:, t:t + cfg.action_chunks].flatten(1, 2), p, steps=steps, generator=g)
         history.append(x.float())  # generate clamps to [-1, 1]
         if t + 1 in OPEN_LOOP:
             x, y, y0 = history[-1], real[:, t + 1], real[:, 0]
@@ -137,13 +148,16 @@ def own_actions(model, actions: torch.Tensor) -> torch.Tensor:
     return actions[:, -model.cfg.action_chunks * model.cfg.chunk_size:]
 
 
-def evaluate(model, held: dict, val_eps, view: str, norm: dict, device) -> tuple[dict, torch.Tensor | None]:
+def evaluate(model, held: dict, val_eps, view: str, norm: dict, device, steps: int | None = None
+             ) -> tuple[dict, torch.Tensor | None]:
+    """One chunk ahead and open loop on the held-out episodes, with ``steps`` Euler steps
+    (None: the model's ``sample_steps``)."""
     model.eval()
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
-        x, _ = model.generate(held["frames"], own_actions(model, held["actions"]), held["proprio"], generator=g)
+        x, _ = model.generate(held["frames"], own_actions(model, held["actions"]), held["proprio"], steps=steps, generator=g)
     x = x.float()
-    ol, frames = open_loop(model, val_eps, view, norm, max(OPEN_LOOP), device)
+    ol, frames = open_loop(model, val_eps, view, norm, max(OPEN_LOOP), device, steps)
     model.train()
     return {"one_chunk": float(psnr(x, held["target"]).mean()), "one_chunk_ssim": float(ssim(x, held["target"]).mean()),
             "open_loop": ol}, frames
@@ -201,6 +215,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     model = FrameWorldModel(cfg).to(a.device)
     model.set_proprio_stats(norm)  # for the action response, which reads them from the model
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-2)
+    ema = EMA(model, a.ema) if a.ema else None
     prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
@@ -225,6 +240,8 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if ema:
+            ema.update(model, min(a.ema, (1 + step) / (10 + step)))
         if a.device == "cuda":
             torch.cuda.synchronize()
         trained += time.perf_counter() - t0
@@ -236,27 +253,47 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
                  **({"mfu_h200": round(rate * flops / H200_PEAK, 4)} if a.device == "cuda" else {}),
                  "loss": round(loss.item(), 4)}
             scores, frames = evaluate(model, held, val_eps, a.view, norm, a.device)
+            if ema:
+                r["ema"], _ = evaluate(ema.net, held, val_eps, a.view, norm, a.device)
             curve.append(r | scores)
             ol = "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f} (held {v['static']:.2f} / {v['static_ssim']:.3f})"
                            for k, v in scores["open_loop"].items())
             print(f"update {step}: loss {r['loss']:.4f}, one chunk {scores['one_chunk']:.2f} dB / SSIM "
                   f"{scores['one_chunk_ssim']:.3f} (copy-last {held['copy_last']:.2f} / {held['copy_last_ssim']:.3f}); "
                   f"open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
+            if ema:
+                e = r["ema"]
+                print(f"  EMA weights: one chunk {e['one_chunk']:.2f} dB / SSIM {e['one_chunk_ssim']:.3f}; open loop "
+                      + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}" for k, v in e["open_loop"].items()),
+                      flush=True)
     model.eval()
     response = action_response(model, val_eps, seed=0, device=a.device)
     model.train()
+    if ema and response:
+        response["ema"] = action_response(ema.net, val_eps, seed=0, device=a.device)
     if response:
         m = response["psnr_moving"]
         print(f"action response, one chunk ahead on the {response['moving_fraction']:.1%} of pixels that move: "
               f"{m['true']:.2f} dB with the real chunk, {m['other']:.2f} with another's (held {m['held']:.2f}): "
               f"the actions are worth {m['gain_db']:+.2f} dB", flush=True)
+        if response.get("ema"):
+            print(f"  EMA weights: the actions are worth {response['ema']['psnr_moving']['gain_db']:+.2f} dB", flush=True)
+    by_steps = {}
+    for n in a.final_steps:  # the trained weights read with more (or fewer) sampling steps
+        by_steps[n], more = evaluate(model, held, val_eps, a.view, norm, a.device, steps=n)
+        print(f"  {n} Euler steps: one chunk {by_steps[n]['one_chunk']:.2f} dB / SSIM {by_steps[n]['one_chunk_ssim']:.3f}; "
+              "open loop " + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}"
+                                        for k, v in by_steps[n]["open_loop"].items()), flush=True)
+        if a.strips and more is not None:
+            write_strip(more, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}_{n}steps.png")
     if a.strips and frames is not None:
         write_strip(frames, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}.png")
     gen_batch = 256 if a.device == "cuda" else 16
     rate = generation_rate(model, held, gen_batch, a.device)
     print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
     return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
-            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "action_response": response, "curve": curve}, model
+            "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "action_response": response, "curve": curve,
+            "by_sample_steps": by_steps}, model
 
 
 def main() -> None:
@@ -283,6 +320,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
+    p.add_argument("--final-steps", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
+                   help="after training, evaluate again with these numbers of Euler steps (e.g. 8,16; the model's own: "
+                        "WorldModelConfig.sample_steps)")
+    p.add_argument("--ema", type=float, default=0.0,
+                   help="also evaluate an exponential moving average of the weights with this decay (e.g. 0.999; 0: off)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     p.add_argument("--strips", help="folder for a real | imagined PNG per architecture (open loop, held-out episodes)")

@@ -85,7 +85,7 @@ def test_model_shapes_loss_and_batched_generation(trajectories):
     torch.manual_seed(0)
     cfg = TINY.wrist  # conditions on the main view too
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
     stats = proprio_stats(t)
     b = t.batch(torch.arange(6), "wrist", True, stats)
     assert b["frames"].shape == (6, 3, 3, 64, 64) and b["target"].shape == (6, 3, 64, 64)
@@ -106,7 +106,7 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     torch.manual_seed(0)
     cfg = TINY.main
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
     b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
     eager, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
     keys = list(model.state_dict())
@@ -143,7 +143,7 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
     torch.manual_seed(0)
     cfg = override(TINY.wrist, patch=2)
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
     b = t.batch(torch.arange(6), "wrist", True, proprio_stats(t))
     seen = []
     model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
@@ -161,7 +161,7 @@ def test_the_refine_head_starts_as_the_model_without_it_and_then_learns(trajecto
     gradient is not zero (it can learn). A negative width is refused with the fix."""
     from wmrl.config import ConfigError, override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
     b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
     torch.manual_seed(0)
     plain = FrameWorldModel(override(TINY.wrist, patch=2))
@@ -183,7 +183,7 @@ def test_a_residual_model_generates_the_change_from_the_views_current_frame(traj
     view's it is conditioned on)."""
     from wmrl.config import override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
     b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
     torch.manual_seed(0)
     plain = FrameWorldModel(TINY.wrist)
@@ -215,7 +215,8 @@ def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
     plain = FrameWorldModel(TINY.main)
     weighted = FrameWorldModel(override(TINY.main, motion_weight=9))
     weighted.load_state_dict(plain.state_dict())
-    t = Transitions(_episodes(trajectories[0], "new"), context=TINY.main.context)
+    t = Transitions(_episodes(trajectories[0], "new"), context=TINY.main.context,
+                    action_history=TINY.main.action_history)
     b = t.batch(torch.arange(6), "main", False, proprio_stats(t))
 
     def frame_loss(model, batch):
@@ -247,7 +248,7 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
     torch.manual_seed(0)
     cfg = override(TINY.main, pose_maps=True)
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
     norm = proprio_stats(t)
     b = t.batch(torch.arange(6), "main", False, norm)
     # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest
@@ -340,7 +341,7 @@ def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(t
     level 0; a model without it has no extra parameters (older weights keep loading)."""
     from wmrl.config import override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
     b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
     plain, noisy = FrameWorldModel(TINY.main), FrameWorldModel(override(TINY.main, context_noise=0.5))
     assert not any("context_noise" in k for k in plain.state_dict())
@@ -371,7 +372,7 @@ def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
     """DeepSpeed's bf16 mode casts the weights; float32 inputs must still work."""
     torch.manual_seed(0)
     model = FrameWorldModel(TINY.wrist).to(torch.bfloat16)
-    t = Transitions(_episodes(trajectories[0], "new"), context=2)
+    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
     b = t.batch(torch.arange(2), "wrist", True, proprio_stats(t))
     loss, _ = model.loss(**b)
     loss.backward()
@@ -655,7 +656,7 @@ def test_action_response_is_zero_exactly_for_a_model_blind_to_its_actions(trajec
         assert seeing["transitions"] >= 2 and 0 < seeing["moving_fraction"] < 0.2
         assert seeing["psnr_moving"]["true"] != seeing["psnr_moving"]["other"]
         with torch.no_grad():
-            model.act_emb[0].weight[:, : cfg.chunk_size * cfg.action_dim] = 0  # proprio still conditions
+            model.act_emb[0].weight[:, : cfg.action_chunks * cfg.chunk_size * cfg.action_dim] = 0  # proprio still conditions
         blind = action_response(model, episodes, seed=3)
         assert blind["psnr"]["gain_db"] == 0 and blind["psnr_moving"]["gain_db"] == 0
         assert blind["psnr"]["held"] == seeing["psnr"]["held"]  # the baseline does not depend on the model

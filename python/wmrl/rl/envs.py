@@ -64,6 +64,9 @@ class Outcome:
     steps: int  # simulator (or imagined) steps
     start: str  # "train" (a seeded random placement) or "keyframe:<episode>:<chunk>"; never an evaluation state
     env_built: bool = False  # SimEnv: its worker built the task's env first (a cost of the task schedule)
+    # ImaginedEnv: the highest success probability the reward model gave the rollout's frames
+    # (up to its success): where the calibrated threshold cuts, read per rollout
+    reward_peak: float | None = None
 
 
 class RolloutEnv(Protocol):
@@ -287,6 +290,7 @@ class ImaginedEnv:
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         success = torch.zeros_like(done)
         chunks = torch.zeros(b, dtype=torch.long, device=self.device)
+        peak = torch.zeros(b, device=self.device)
         step = starts[0].step
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
         for t in range(self.max_chunks):
@@ -305,11 +309,12 @@ class ImaginedEnv:
                 prob = torch.sigmoid(self.reward(seen.to(next(self.reward.parameters()).dtype)).float())
             main, wrist, proprio = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
             chunks[live] += 1
+            peak = torch.where(done, peak, torch.maximum(peak, prob))
             hit = (prob >= self.threshold) & ~done
             success |= hit
             done |= hit
         return [Outcome(rid[i], group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
-                        self.keyframe_names[int(kf[i])]) for i in range(b)]
+                        self.keyframe_names[int(kf[i])], reward_peak=round(float(peak[i]), 4)) for i in range(b)]
 
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
