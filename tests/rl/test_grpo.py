@@ -425,6 +425,7 @@ def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, t
     assert rolls[0] == rolls[1] and len(rolls[1]) == 2 and len(rolls[1][0]) == 4  # both groups, every step
     logs = [json.loads(line) for line in (two / "logs/grpo.jsonl").read_text().splitlines()]
     assert [r["rollouts"] for r in logs] == [4, 4]  # rank 0 logged the whole step, not its half
+    assert all(min(peaks[0]) <= r["reward_peak_median"] <= max(peaks[0]) for r in logs)
     a, b, start = _weights(one, 2), _weights(two, 2), _weights(two, 0)
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert all(r["optimizer_steps"] > 0 for r in logs)  # both steps updated the policy ...

@@ -423,6 +423,9 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
            "env_steps_per_s": round(env_steps / max(rollout_s, 1e-9), 1),
            "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
            "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}
+    peaks = sorted(o.reward_peak for o in outcomes if o.reward_peak is not None)
+    if peaks:  # imagination: how high the reward model's success probability got, per rollout (median)
+        rec["reward_peak_median"] = peaks[len(peaks) // 2]
     if not math.isfinite(rec["loss"]):
         raise FloatingPointError(f"GRPO loss is {rec['loss']} at step {step}; lower --lr (rerunning resumes from the "
                                  "last full state)")
