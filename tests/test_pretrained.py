@@ -35,7 +35,8 @@ def forward(name, m):
                           torch.randn(2, 384, generator=g), torch.randn(2, 8, generator=g))
         return m.velocity(prefix, torch.randn(2, 8, 7, generator=g), torch.tensor(0.5))
     if name == "FrameWorldModel":
-        frame, p = m.generate(torch.rand(2, 3, 3, 64, 64, generator=g) * 2 - 1, torch.rand(2, 8, 7, generator=g),
+        frame, p = m.generate(torch.rand(2, 3, 3, 64, 64, generator=g) * 2 - 1,
+                              torch.rand(2, 8 * m.cfg.action_chunks, 7, generator=g),  # past chunks, then the current
                               m.normalize_proprio(torch.randn(2, 8, generator=g)), generator=g)
         return torch.cat([frame.flatten(), p.flatten(), m.proprio_mean])
     return torch.cat([m(torch.rand(2, 3, 64, 64, generator=g) * 2 - 1), m.threshold.reshape(1)])

@@ -329,6 +329,38 @@ def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_im
         override(TINY.main, action_history=-1)
 
 
+def test_keep_drops_ended_rollouts_and_the_others_continue_unchanged(trajectories):
+    """Imagination.keep narrows the batch (GRPO drops rollouts that succeeded): the rollouts kept
+    get the frames, proprio and action history they would have got in the full batch."""
+    from wmrl.worldmodel.imagine import Imagination
+
+    episodes = _episodes(trajectories[0], "new")[:2]
+    t = Transitions(episodes, context=2)
+    torch.manual_seed(0)
+    main, wrist = FrameWorldModel(TINY.main), FrameWorldModel(TINY.wrist)
+    for m in (main, wrist):
+        m.set_proprio_stats(proprio_stats(t))
+        m.eval()
+    real = {v: torch.stack([_unit(getattr(e, v)[:1]) for e in episodes]) for v in ("main", "wrist")}
+    p0 = torch.stack([torch.from_numpy(e.proprio[0]) for e in episodes])
+    acts = [torch.stack([torch.from_numpy(e.actions[k]) for e in episodes]) for k in (0, 1)]
+    size = TINY.main.image_size
+    noise = [{v: torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(10 * k + i))
+              for i, v in enumerate(("main", "wrist"))} for k in (0, 1)]
+    full = Imagination(main, wrist)
+    full.start(real["main"], real["wrist"], p0)
+    full.step(acts[0], noise=noise[0])
+    whole = full.step(acts[1], noise=noise[1])
+    narrow = Imagination(main, wrist)
+    narrow.start(real["main"], real["wrist"], p0)
+    narrow.step(acts[0], noise=noise[0])
+    narrow.keep(torch.tensor([1]))  # rollout 0 ended after its first chunk
+    kept = narrow.step(acts[1][1:], noise={v: n[1:] for v, n in noise[1].items()})
+    for a, b in zip(kept, whole):
+        assert a.shape[0] == 1
+        torch.testing.assert_close(a, b[1:], atol=1e-5, rtol=1e-4)
+
+
 def _unit(frames):
     from wmrl.worldmodel.model import images_to_unit
 

@@ -291,28 +291,31 @@ class ImaginedEnv:
         success = torch.zeros_like(done)
         chunks = torch.zeros(b, dtype=torch.long, device=self.device)
         peak = torch.zeros(b, device=self.device)
+        imagined = torch.arange(b, device=self.device)  # the rollouts in the world's batch, in its order
         step = starts[0].step
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
         for t in range(self.max_chunks):
             live = torch.nonzero(~done).flatten()
             if len(live) == 0:
                 break
+            if len(live) < len(imagined):  # finished rollouts leave the batch: no frames imagined for them
+                self.world.keep(torch.searchsorted(imagined, live))
+                imagined = live
             rows = live.tolist()
-            actions = torch.zeros(b, self.chunk_size, 7, device=self.device)
-            actions[live] = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows],
-                                         [rid[i] for i in rows], [t] * len(rows))).to(self.device).float()
-            noise = {view: frame_noise(self.seed, step, rid, t, view, self.image_size, self.device)
+            actions = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows],
+                                   [rid[i] for i in rows], [t] * len(rows))).to(self.device).float()
+            noise = {view: frame_noise(self.seed, step, [rid[i] for i in rows], t, view, self.image_size, self.device)
                      for view in ("main", "wrist")}
             with autocast:
                 m, w, p = self.world.step(actions, noise=noise)
                 seen = self.reward.inputs({"main": m, "wrist": w})
                 prob = torch.sigmoid(self.reward(seen.to(next(self.reward.parameters()).dtype)).float())
-            main, wrist, proprio = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
+            main[live], wrist[live], proprio[live] = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
             chunks[live] += 1
-            peak = torch.where(done, peak, torch.maximum(peak, prob))
-            hit = (prob >= self.threshold) & ~done
-            success |= hit
-            done |= hit
+            peak[live] = torch.maximum(peak[live], prob)
+            hit = prob >= self.threshold
+            success[live] |= hit
+            done[live] |= hit
         return [Outcome(rid[i], group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
                         self.keyframe_names[int(kf[i])], reward_peak=round(float(peak[i]), 4)) for i in range(b)]
 

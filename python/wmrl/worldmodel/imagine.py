@@ -8,7 +8,7 @@ start, the moment of its own latest frame, as ``Transitions.batch`` trains it (n
 frame just imagined, one chunk later). Both models predict the next proprio from the same raw
 proprio (each in its own normalisation); the step's proprio is the mean of the two. A model
 with ``action_history`` also reads the chunks stepped before (at the start: those given to
-``start``, else zeros, an episode's first chunk).
+``start``, else zeros, an episode's first chunk). ``keep`` drops rollouts that have ended.
 
 Used by the fidelity report (open loop with real actions) and by GRPO's imagined
 environment (closed loop with the policy's actions); everything stays on the device.
@@ -37,6 +37,13 @@ class Imagination:
         self.history = {"main": list(main.unbind(1)), "wrist": list(wrist.unbind(1))}
         self.past_actions = [] if past_actions is None else list(past_actions.float().unbind(1))
         self.proprio = proprio.float()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Narrow the batch to ``rows`` (indices into the current batch, in the order given):
+        rollouts that ended stop costing imagination; the others continue unchanged."""
+        self.history = {view: [h[rows] for h in frames] for view, frames in self.history.items()}
+        self.past_actions = [a[rows] for a in self.past_actions]
+        self.proprio = self.proprio[rows]
 
     def _actions(self, view: str, actions: torch.Tensor) -> torch.Tensor:
         """The model's action input: its ``action_history`` past chunks (zeros before the
