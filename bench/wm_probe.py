@@ -62,7 +62,7 @@ from wmrl.ema import EMA  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import action_response, psnr, ssim  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
-from wm_throughput import flops_per_sample  # noqa: E402  (bench/, this script's folder)
+from wm_throughput import flops_per_sample, own_actions  # noqa: E402  (bench/, this script's folder)
 
 H200_PEAK = 790e12  # dense bf16 FLOP/s: the MFU printed on a GPU is against this
 
@@ -142,12 +142,6 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device, step
     return out, torch.stack([real, torch.stack(history, 1)])
 
 
-def own_actions(model, actions: torch.Tensor) -> torch.Tensor:
-    """The last chunks of a batch's actions that ``model`` reads (the batch carries the longest
-    history of the probe's architectures; the past comes first)."""
-    return actions[:, -model.cfg.action_chunks * model.cfg.chunk_size:]
-
-
 def evaluate(model, held: dict, val_eps, view: str, norm: dict, device, steps: int | None = None
              ) -> tuple[dict, torch.Tensor | None]:
     """One chunk ahead and open loop on the held-out episodes, with ``steps`` Euler steps
@@ -155,7 +149,7 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device, steps: i
     model.eval()
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=held["target"].is_cuda):
-        x, _ = model.generate(held["frames"], own_actions(model, held["actions"]), held["proprio"], steps=steps, generator=g)
+        x, _ = model.generate(held["frames"], own_actions(model.cfg, held["actions"]), held["proprio"], steps=steps, generator=g)
     x = x.float()
     ol, frames = open_loop(model, val_eps, view, norm, max(OPEN_LOOP), device, steps)
     model.train()
@@ -181,7 +175,7 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
     """Frames per second this one view generates (``sample_steps`` Euler steps each), ``batch``
     at once, bf16 on a GPU: the imagination side of an architecture's cost."""
     idx = torch.arange(batch, device=device) % held["target"].shape[0]
-    args = (held["frames"][idx], own_actions(model, held["actions"][idx]), held["proprio"][idx])
+    args = (held["frames"][idx], own_actions(model.cfg, held["actions"][idx]), held["proprio"][idx])
     model.eval()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
         model.generate(*args)  # warm-up (cuDNN picks its kernels)
@@ -235,7 +229,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.device == "cuda"):
-            loss, _ = model.loss(**{**b, "actions": own_actions(model, b["actions"])})
+            loss, _ = model.loss(**{**b, "actions": own_actions(model.cfg, b["actions"])})
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

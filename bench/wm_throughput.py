@@ -62,6 +62,12 @@ def _inputs(cfg, batch: int, device):
             "next_proprio": torch.randn(batch, cfg.proprio_dim, device=device)}
 
 
+def own_actions(cfg, actions):
+    """The last chunks of an action sequence that a model of ``cfg`` reads (its
+    ``action_history`` past chunks, then the current; the sequence's oldest chunk comes first)."""
+    return actions[:, -cfg.action_chunks * cfg.chunk_size:]
+
+
 def flops_per_sample(model, cfg, device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -154,7 +160,7 @@ def bench_imagination(prof, args, device) -> dict:
     frames_m = torch.rand(b, cm.context, 3, cm.image_size, cm.image_size, device=device) * 2 - 1
     frames_w = torch.rand(b, cw.context, 3, cw.image_size, cw.image_size, device=device) * 2 - 1
     acts = torch.rand(b, max(cm.action_chunks, cw.action_chunks) * cm.chunk_size, cm.action_dim, device=device) * 2 - 1
-    acts_m, acts_w = (acts[:, -c.action_chunks * c.chunk_size:] for c in (cm, cw))  # past chunks first
+    acts_m, acts_w = own_actions(cm, acts), own_actions(cw, acts)
     prop = torch.randn(b, cm.proprio_dim, device=device)
 
     def chunk():

@@ -31,6 +31,11 @@ def _episodes(path, source):
         return [read_episode(h["data"][f"demo_{i}"], 8, source, f"demo_{i}") for i in range(h["data"].attrs["num_episodes"])]
 
 
+def _new_transitions(trajectories, cfg=TINY.main):
+    """The first file's episodes as transitions carrying the action history ``cfg``'s model reads."""
+    return Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
+
+
 def test_boundary_frames_from_dense_and_sparse_recordings():
     assert boundary_frames(np.arange(0, 25, 8), 8).tolist() == [0, 1, 2, 3]
     assert boundary_frames(np.arange(0, 25), 8).tolist() == [0, 8, 16, 24]
@@ -85,7 +90,7 @@ def test_model_shapes_loss_and_batched_generation(trajectories):
     torch.manual_seed(0)
     cfg = TINY.wrist  # conditions on the main view too
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
+    t = _new_transitions(trajectories, cfg)
     stats = proprio_stats(t)
     b = t.batch(torch.arange(6), "wrist", True, stats)
     assert b["frames"].shape == (6, 3, 3, 64, 64) and b["target"].shape == (6, 3, 64, 64)
@@ -106,7 +111,7 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     torch.manual_seed(0)
     cfg = TINY.main
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
+    t = _new_transitions(trajectories, cfg)
     b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
     eager, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
     keys = list(model.state_dict())
@@ -143,7 +148,7 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
     torch.manual_seed(0)
     cfg = override(TINY.wrist, patch=2)
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
+    t = _new_transitions(trajectories, cfg)
     b = t.batch(torch.arange(6), "wrist", True, proprio_stats(t))
     seen = []
     model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
@@ -161,7 +166,7 @@ def test_the_refine_head_starts_as_the_model_without_it_and_then_learns(trajecto
     gradient is not zero (it can learn). A negative width is refused with the fix."""
     from wmrl.config import ConfigError, override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
+    t = _new_transitions(trajectories)
     b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
     torch.manual_seed(0)
     plain = FrameWorldModel(override(TINY.wrist, patch=2))
@@ -183,7 +188,7 @@ def test_a_residual_model_generates_the_change_from_the_views_current_frame(traj
     view's it is conditioned on)."""
     from wmrl.config import override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
+    t = _new_transitions(trajectories)
     b = t.batch(torch.arange(4), "wrist", True, proprio_stats(t))
     torch.manual_seed(0)
     plain = FrameWorldModel(TINY.wrist)
@@ -215,8 +220,7 @@ def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
     plain = FrameWorldModel(TINY.main)
     weighted = FrameWorldModel(override(TINY.main, motion_weight=9))
     weighted.load_state_dict(plain.state_dict())
-    t = Transitions(_episodes(trajectories[0], "new"), context=TINY.main.context,
-                    action_history=TINY.main.action_history)
+    t = _new_transitions(trajectories)
     b = t.batch(torch.arange(6), "main", False, proprio_stats(t))
 
     def frame_loss(model, batch):
@@ -248,7 +252,7 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
     torch.manual_seed(0)
     cfg = override(TINY.main, pose_maps=True)
     model = FrameWorldModel(cfg)
-    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=cfg.action_history)
+    t = _new_transitions(trajectories, cfg)
     norm = proprio_stats(t)
     b = t.batch(torch.arange(6), "main", False, norm)
     # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest
@@ -373,7 +377,7 @@ def test_context_noise_corrupts_training_context_only_and_is_told_to_the_model(t
     level 0; a model without it has no extra parameters (older weights keep loading)."""
     from wmrl.config import override
 
-    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
+    t = _new_transitions(trajectories)
     b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
     plain, noisy = FrameWorldModel(TINY.main), FrameWorldModel(override(TINY.main, context_noise=0.5))
     assert not any("context_noise" in k for k in plain.state_dict())
@@ -404,7 +408,7 @@ def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
     """DeepSpeed's bf16 mode casts the weights; float32 inputs must still work."""
     torch.manual_seed(0)
     model = FrameWorldModel(TINY.wrist).to(torch.bfloat16)
-    t = Transitions(_episodes(trajectories[0], "new"), context=2, action_history=TINY.main.action_history)
+    t = _new_transitions(trajectories)
     b = t.batch(torch.arange(2), "wrist", True, proprio_stats(t))
     loss, _ = model.loss(**b)
     loss.backward()
