@@ -18,7 +18,7 @@ returns only a few files).
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
-                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16]   (world-model architectures at equal
+                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1]   (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
                                full-resolution head, @N: context noise, /rS: the change
@@ -48,6 +48,7 @@ A phase that stops at a call's end is continued by running it again: every stage
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -214,9 +215,11 @@ def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
     WM_DEMO_ARGS: more options of collect_demos.py (``--action-noise 0.2 --keep-failures``: a noisy
     expert whose failures are kept, actions that vary more for the same scene)."""
     layout = RunLayout(run)
+    # a frame every step where a probe trains on every phase (PHASES=0,1), else at chunk boundaries
+    interval = v.get("FRAME_INTERVAL", "1" if "1" in v.get("PHASES", "0").split(",") else "0")
     if not list(layout.demos.glob("*.hdf5")):
         stage("wm_demos", "collect_demos.py", ["--workers", v.get("WORKERS", str(os.cpu_count())), "--out", layout.demos,
-                                               "--episodes", episodes, "--frame-interval", "0",
+                                               "--episodes", episodes, "--frame-interval", interval,
                                                "--no-progress", *shlex.split(v.get("WM_DEMO_ARGS", ""))], env)
     if not layout.manifest.exists():
         stage("manifest", "make_manifest.py", ["--run", run, "--replay", layout.demos,
@@ -253,15 +256,17 @@ def phase_probe(v: dict, env: dict) -> None:
         sys.exit(f"BATCH has {len(batches)} sizes and LR {len(lrs)} rates: give one rate per batch size")
     for seed in v.get("SEEDS", "0").split(","):  # SEEDS=0,1: the spread of every figure, seed by seed
         for view in v.get("VIEW", "main").split(","):  # VIEW=main,wrist: each view in turn
-            for batch, lr in zip(batches, lrs):
+            for (batch, lr), phases in itertools.product(zip(batches, lrs), v.get("PHASES", "0").split(",")):
+                # PHASES=0,1: without and with every chunk-boundary phase of the demonstrations
                 name = ("wm_probe" if view == "main" else f"wm_probe_{view}") + (f"_s{seed}" if seed != "0" else "") \
-                    + (f"_b{batch}" if len(batches) > 1 else "")
+                    + (f"_b{batch}" if len(batches) > 1 else "") + ("_ph" if phases == "1" else "")
                 stage(name, "bench/wm_probe.py", ["--manifest", layout.manifest, "--view", view, "--size", v.get("SIZE", "128"),
                                                   *[a for x in archs for a in ("--arch", x)], "--minutes", v.get("MINUTES", "2"),
                                                   "--steps", "100000", "--batch", batch, "--lr", lr,
                                                   "--eval-every", v.get("EVAL_EVERY", "250"), "--seed", seed,
                                                   *(["--ema", v["EMA"]] if "EMA" in v else []),
                                                   *(["--final-steps", v["FINAL_STEPS"]] if "FINAL_STEPS" in v else []),
+                                                  *(["--all-phases"] if phases == "1" else []),
                                                   "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
 
 

@@ -319,12 +319,14 @@ def main() -> None:
                         "WorldModelConfig.sample_steps)")
     p.add_argument("--ema", type=float, default=0.0,
                    help="also evaluate an exponential moving average of the weights with this decay (e.g. 0.999; 0: off)")
+    p.add_argument("--all-phases", action="store_true",
+                   help="train on every chunk-boundary phase of every-step recordings (WMTrainConfig.all_phases)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     p.add_argument("--strips", help="folder for a real | imagined PNG per architecture (open loop, held-out episodes)")
     a = p.parse_args()
     archs = [parse_arch(s, a) for s in (a.arch or ["32,64,128x1"])]
-    _, train, val = load_split(a.manifest, 8)
+    _, train, val = load_split(a.manifest, 8, phases=a.all_phases)
     if not val:
         sys.exit(f"{a.manifest} has no validation episodes: build it with --val-ratio > 0")
     train, val = shrink(train, a.size), shrink(val, a.size)

@@ -427,6 +427,9 @@ class WMTrainConfig:
     log_interval: int = 25
     val_batches: int = 4
     proprio_loss_weight: float = 1.0
+    # Train on every chunk-boundary phase of the recordings that have a frame at every step
+    # (demonstrations): 8x the transitions of the same episodes (``wmrl.worldmodel.data``)
+    all_phases: bool = False
     seed: int = 20261021  # the seed's cycle seed
     # NHWC activations for the U-Net's convolutions (speed only: the same model and loss; off
     # until bench/wm_throughput.py --variants shows the gain on a GPU)

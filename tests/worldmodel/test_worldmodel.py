@@ -54,6 +54,32 @@ def test_dense_and_sparse_files_give_the_same_kind_of_transitions(trajectories):
     assert t.next.tolist() == [1, 2, 3, 4, 5]
 
 
+def test_every_step_recordings_give_a_stream_per_phase_and_validation_keeps_phase_0(trajectories, tmp_path):
+    import h5py
+
+    from wmrl.worldmodel.data import load_split
+
+    new, replay = trajectories
+    with h5py.File(replay) as h:
+        g = h["data"]["demo_0"]
+        ep = read_episode(g, 8, "replay", "demo_0", phase=3)
+        frames, actions = g["obs"]["agentview_rgb"][()], g["actions"][()]
+    assert ep.phase == 3 and ep.main.shape[0] == 4  # steps 3, 11, 19, 27 of 32
+    np.testing.assert_array_equal(ep.main, frames[[3, 11, 19, 27]])
+    np.testing.assert_array_equal(ep.actions, actions[3:27].reshape(3, 8, 7))  # the chunk between frames k and k + 1
+    with h5py.File(new) as h:  # frames at chunk boundaries only: no other phase
+        assert read_episode(h["data"]["demo_0"], 8, "new", "demo_0", phase=3) is None
+
+    build_manifest(tmp_path / "manifest.json", [str(new)], [str(replay)], val_ratio=0.4, seed=0)
+    _, train0, val0 = load_split(tmp_path / "manifest.json", 8)
+    _, train, val = load_split(tmp_path / "manifest.json", 8, phases=True)
+    assert [e.key for e in val] == [e.key for e in val0] and {e.phase for e in val} == {0}
+    dense0 = [e for e in train0 if e.source == "replay"]
+    assert len([e for e in train if e.source == "replay"]) == 8 * len(dense0)  # every phase of a 32-step episode
+    assert [e.key for e in train if e.source == "new"] == [e.key for e in train0 if e.source == "new"]
+    assert {e.key.split("@")[0] for e in train} == {e.key for e in train0}  # no held-out episode leaks in
+
+
 def test_manifest_splits_by_episode_hashes_and_refuses_a_changed_file(trajectories, tmp_path):
     new, replay = trajectories
     m = build_manifest(tmp_path / "manifest.json", [str(new)], [str(replay)], val_ratio=0.2, seed=0)

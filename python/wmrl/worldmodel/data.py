@@ -6,6 +6,11 @@ is a multiple of the chunk size are used. A *transition* is (context frames endi
 boundary k, the chunk's actions, proprio at k) -> (frame and proprio at boundary k + 1).
 History before the first frame repeats the first frame (the policy starts there too).
 
+A recording with a frame at every step holds ``chunk`` interleaved chunk-boundary streams:
+steps 0, 8, 16, ..., then 1, 9, 17, ..., and so on. ``load_split(..., phases=True)`` gives
+training every such stream (``Episode.phase``), 8x the transitions of the same episodes;
+validation keeps phase 0 only, so held-out figures compare with and without.
+
 Frames are decoded once into uint8 tensors; a batch gathers rows. The split into training
 and validation episodes, and the mixing of new and replay data, come from the manifest
 (``wmrl.data.manifest``): each batch draws a sample from the new data with probability
@@ -22,11 +27,12 @@ import numpy as np
 from wmrl.data.trajectory import TrajectoryError
 
 
-def boundary_frames(frame_step: np.ndarray, chunk: int) -> np.ndarray:
-    """Indices of the frames at chunk boundaries (step 0, chunk, 2 chunk, ...), in order."""
-    idx = np.nonzero(frame_step % chunk == 0)[0]
+def boundary_frames(frame_step: np.ndarray, chunk: int, phase: int = 0) -> np.ndarray:
+    """Indices of the frames at chunk boundaries shifted by ``phase`` steps (step phase,
+    phase + chunk, phase + 2 chunk, ...), in order."""
+    idx = np.nonzero((frame_step >= phase) & ((frame_step - phase) % chunk == 0))[0]
     steps = frame_step[idx]
-    if len(idx) == 0 or steps[0] != 0 or np.any(np.diff(steps) != chunk):
+    if len(idx) == 0 or steps[0] != phase or np.any(np.diff(steps) != chunk):
         raise TrajectoryError(f"frames at chunk boundaries are missing (steps {steps[:6].tolist()}...); "
                               f"the world models need a frame every {chunk} steps from step 0")
     return idx
@@ -45,6 +51,7 @@ class Episode:
     instruction: str = ""
     init_mode: str = "train"  # "eval": started from a fixed evaluation state (never a GRPO start)
     file_sha256: str = ""  # of the trajectory file it came from
+    phase: int = 0  # steps from the episode's start to its first frame (every-step recordings only)
 
 
 def _frames(dataset, idx: np.ndarray) -> np.ndarray:
@@ -53,10 +60,14 @@ def _frames(dataset, idx: np.ndarray) -> np.ndarray:
     return np.stack([dataset[int(i)] for i in idx])
 
 
-def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = "") -> Episode | None:
+def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = "", phase: int = 0) -> Episode | None:
+    """The episode's frames every ``chunk`` steps from step ``phase`` (None where fewer than
+    two such frames exist, e.g. a phase > 0 of a recording made at chunk boundaries only)."""
     fs = group["frame_step"][()].astype(np.int64)
-    idx = boundary_frames(fs, chunk)
-    actions = group["actions"][()].astype(np.float32)
+    if phase and not np.isin([phase, phase + chunk], fs).all():
+        return None
+    idx = boundary_frames(fs, chunk, phase)
+    actions = group["actions"][()].astype(np.float32)[phase:]
     n = int(min(len(idx), len(actions) // chunk + 1))  # a last, shorter chunk has no boundary after it
     if n < 2:
         return None
@@ -70,24 +81,25 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
         actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
         success=group["rewards"][()][idx] > 0, source=source, key=key,
         task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")),
-        init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256)
+        init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256, phase=phase)
 
 
-def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False
-               ) -> tuple[dict, list[Episode], list[Episode]]:
+def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False,
+               phases: bool = False) -> tuple[dict, list[Episode], list[Episode]]:
     """The manifest (every file's hash checked first) and its training / validation episodes,
     files read in parallel by ``workers`` processes (0: one per core). ``validate``: each file
     also passes the schema validator first, in the worker that reads it (a file that fails
-    raises ``TrajectoryError``, naming the problems)."""
+    raises ``TrajectoryError``, naming the problems). ``phases``: training episodes recorded
+    at every step come once per phase (module docstring); validation episodes at phase 0."""
     from wmrl.data.manifest import load_manifest
 
     manifest, files = load_manifest(manifest_path, verify=verify)
     from wmrl.data.parallel import map_files
 
-    per_file = map_files(_read_file, [(str(f.path), f.episodes, chunk, f.source, f.sha256, validate) for f in files],
-                         workers)
+    jobs = [(str(f.path), f.episodes, chunk, f.source, f.sha256, validate, set(f.val_episodes) if phases else None)
+            for f in files]
     train, val = [], []
-    for f, episodes in zip(files, per_file):
+    for f, episodes in zip(files, map_files(_read_file, jobs, workers)):
         for i, ep in episodes:
             (val if i in f.val_episodes else train).append(ep)
     return manifest, train, val
@@ -106,7 +118,7 @@ def held_out_halves(val: list[Episode]) -> tuple[list[Episode], list[Episode]]:
 def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     import h5py
 
-    path, n, chunk, source, sha, validate = job
+    path, n, chunk, source, sha, validate, phase_val = job  # phase_val: None, or the episodes kept at phase 0
     if validate:
         from wmrl.data.validate import validate_file
 
@@ -117,9 +129,11 @@ def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     out = []
     with h5py.File(path, "r") as h:
         for i in range(n):
-            ep = read_episode(h["data"][f"demo_{i}"], chunk, source, f"{Path(path).name}:demo_{i}", sha)
-            if ep is not None:
-                out.append((i, ep))
+            group, key = h["data"][f"demo_{i}"], f"{Path(path).name}:demo_{i}"
+            for phase in range(1 if phase_val is None or i in phase_val else chunk):
+                ep = read_episode(group, chunk, source, key + (f"@{phase}" if phase else ""), sha, phase)
+                if ep is not None:
+                    out.append((i, ep))
     return out
 
 

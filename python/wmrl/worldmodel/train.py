@@ -171,7 +171,7 @@ def _load_data(job: WMJob, device):
     per_rank = len(os.sched_getaffinity(0)) // (2 * int(local))
     try:  # every file validated by the worker that decodes it (one pass over the files, in parallel)
         manifest, train, val = load_split(job.manifest, job.model.chunk_size, verify=False, workers=max(1, per_rank),
-                                          validate=True)
+                                          validate=True, phases=job.train.all_phases)
     except TrajectoryError as e:
         raise WMConfigError(str(e)) from None
     size = {e.main.shape[1] for e in train + val}
