@@ -128,7 +128,7 @@ sft: setup
 # The current policy in the real simulator, success and failure kept (the cycle's collection).
 collect: setup
 	$(TRAIN_PY) python/collect.py $(COMMON) --run $(RUN) $(call opt,--ckpt,$(CKPT)) $(call opt,--episodes,$(EPISODES)) \
-		$(call opt,--out,$(OUT))
+		$(call opt,--out,$(OUT)) $(call opt,--frame-interval,$(FRAME_INTERVAL))
 
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
 # PAIR=dir (a model pair for ENV=wm; default RUN/model_pair), FROM=run (take step 0 from that

@@ -8,7 +8,8 @@ The cycle's first stage (seed 000: 10 tasks x 50 episodes, at most 240 steps, ch
 cameras, actions, simulator state and proprio at the same frame index). Episodes start from
 seeded random placements (mode=train), never from the fixed evaluation states; the policy
 samples with the flow-SDE at temperature 1 (``collect.sampler``/``temperature``), so the data
-shows its mistakes. Frames are stored at chunk boundaries, what the world models train on.
+shows its mistakes. Frames are stored at chunk boundaries, what the world models train on, or
+every ``--frame-interval`` steps as well (every phase of the episode for the world models).
 A rerun continues each task's file where it stopped.
 """
 
@@ -53,14 +54,15 @@ def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
             "policy": str(info.path), "ref": info.ref, "tasks": collect.tasks, "episodes_per_task": collect.episodes,
             "reset": "seeded random placement (mode=train)", "sampler": collect.sampler,
             "temperature": collect.temperature, "kept": "success and failure",
+            "frames": f"every {collect.frame_interval} steps" if collect.frame_interval else "chunk boundaries",
             "files": [str(task_file(out, t)) for t in collect.tasks], "sim": sim})
         return 0
     from wmrl.policy.runner import PolicyRunner
 
     runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=collect.temperature, seed=collect.seed)
-    # the demonstrations' machinery with every episode kept; frames at chunk boundaries only
+    # the demonstrations' machinery with every episode kept
     cfg = DemoConfig(tasks=collect.tasks, episodes=collect.episodes, workers=collect.workers, seed=collect.seed,
-                     frame_interval=0)
+                     frame_interval=collect.frame_interval)
     from wmrl.procs import exclusive
 
     with exclusive(out, "make collect"):

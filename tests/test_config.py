@@ -28,3 +28,11 @@ def test_overrides_are_validated():
     assert cfg.trials == 5 and cfg.seed == 0
     with pytest.raises(ConfigError, match="1..50"):
         override(EvalConfig(), trials=60)
+
+
+def test_collection_frame_interval_is_validated():
+    from wmrl.config import CollectConfig
+
+    assert CollectConfig().frame_interval == 0 and override(CollectConfig(), frame_interval=1).frame_interval == 1
+    with pytest.raises(ConfigError, match="chunk boundaries only"):
+        CollectConfig(frame_interval=-1)
