@@ -10,7 +10,7 @@ returns only a few files).
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
-                               EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
+                               ROLLOUT_PHYSICS=lean EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
@@ -199,7 +199,8 @@ def phase_grpo(v: dict, env: dict) -> None:
                           ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
                           ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
                           ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
-                          ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE")):
+                          ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE"),
+                          ("--rollout-physics", "ROLLOUT_PHYSICS")):
             if key in v:
                 args += [flag, v[key]]
         devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]

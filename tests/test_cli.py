@@ -91,3 +91,20 @@ def test_os_errors_are_one_line_with_what_to_do(root, tmp_path):
         "runs/x: File exists (use OVERWRITE=1 or another OUT)"
     assert cli.os_error_line(FileExistsError("runs/x/pair.json exists; pass --overwrite")) == \
         "runs/x/pair.json exists; pass --overwrite"
+
+
+def test_every_config_renders_its_flags_help():
+    """Each field's comment becomes its --flag's help, and argparse formats help text with %:
+    a comment saying "13%" once broke `wm_update.py --help`."""
+    import argparse
+    import dataclasses
+
+    from wmrl import config
+
+    classes = [c for c in vars(config).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+               and c.__module__ == config.__name__]
+    assert len(classes) > 5
+    for cls in classes:
+        p = argparse.ArgumentParser()
+        cli.add_config_flags(p, cls)
+        assert "--" in p.format_help(), cls.__name__

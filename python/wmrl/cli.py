@@ -109,7 +109,7 @@ def add_config_flags(p: argparse.ArgumentParser | Any, cls, *, prefix: str = "",
             continue
         flag = "--" + (prefix + f.name).replace("_", "-")
         dest = prefix + f.name
-        help_ = helps.get(f.name, "") + " (default: the profile's)"
+        help_ = helps.get(f.name, "").replace("%", "%%") + " (default: the profile's)"  # argparse formats help with %
         kind = str(f.type)
         if f.name == "tasks":
             g.add_argument(flag, dest=dest, type=parse_tasks, default=None, metavar="TASKS", help="task indices: 0,3,5 or "

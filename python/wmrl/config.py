@@ -48,6 +48,9 @@ def _check_tasks(tasks: tuple[int, ...], where: str) -> None:
         )
 
 
+PHYSICS_LOOPS = ("split", "stock", "lean")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """How the real simulator is run. Training data and evaluation must agree on these."""
@@ -61,8 +64,14 @@ class SimConfig:
     # on software rendering, pixels differ by ~4/255 from "stock"). Recorded with every result.
     render_profile: str = "fast"
     # "split": MuJoCo's mj_step1/mj_step2 per substep instead of robosuite's forward+step
-    # (same trajectories, ~1.5x faster physics). "stock" keeps robosuite's loop.
+    # (same trajectories, ~1.5x faster physics). "stock" keeps robosuite's loop. "lean": split
+    # without the controller's own forward pass (another 1.4x; trajectories leave robosuite's by
+    # ~1e-4 in joint positions within 120 steps, the solver's warm start; bench/physics_passes.py)
     physics: str = "split"
+    # The loop of episodes from random placements (demonstrations, collection, GRPO rollouts);
+    # "" = ``physics``. Episodes from the fixed evaluation states always run ``physics``, so a
+    # faster training loop never touches a reported success rate
+    train_physics: str = ""
 
     def __post_init__(self) -> None:
         if self.image_size < 16 or self.image_size > 1024:
@@ -77,8 +86,9 @@ class SimConfig:
             raise ConfigError(f"renderer={self.renderer!r}: choose one of {', '.join(RENDERERS)}")
         if self.render_profile not in ("fast", "stock"):
             raise ConfigError(f"render_profile={self.render_profile!r}: choose 'fast' or 'stock'")
-        if self.physics not in ("split", "stock"):
-            raise ConfigError(f"physics={self.physics!r}: choose 'split' or 'stock'")
+        if self.physics not in PHYSICS_LOOPS or self.train_physics not in ("", *PHYSICS_LOOPS):
+            raise ConfigError(f"physics={self.physics!r}, train_physics={self.train_physics!r}: choose from "
+                              f"{', '.join(PHYSICS_LOOPS)} (train_physics also '': the same as physics)")
 
     @property
     def max_chunks(self) -> int:
@@ -643,6 +653,12 @@ class GRPOConfig:
     tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
     seed: int = 0
     bf16: bool = True  # autocast on GPU
+    # The control-step loop of the real simulator's training rollouts (SimConfig.train_physics;
+    # "" = the evaluations' SimConfig.physics). "lean" skips the controller's redundant forward
+    # pass: 1.4x faster physics per step on the CPU (bench/physics_passes.py), and on the H200
+    # host GRPO's rollouts run at 94% of physics alone; what that buys there is not measured yet
+    # (on the 2-core CPU env builds dominate a step and it bought nothing measurable)
+    rollout_physics: str = ""
     # Imagination only: a keyframe is a real boundary frame this many chunks or fewer into its
     # episode (0: episode starts only), never one where the goal already holds.
     keyframe_max_chunk: int = 8
@@ -688,6 +704,9 @@ class GRPOConfig:
                 raise ConfigError(f"grpo.{name}={getattr(self, name)}: use 1..{TRIALS_PER_TASK} fixed states per task")
         if self.eval_sampler not in EVAL_SAMPLERS:
             raise ConfigError(f"grpo.eval_sampler={self.eval_sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
+        if self.rollout_physics not in ("", *PHYSICS_LOOPS):
+            raise ConfigError(f"grpo.rollout_physics={self.rollout_physics!r}: choose from {', '.join(PHYSICS_LOOPS)} "
+                              "or '' (the evaluations' loop)")
         _check_tasks(self.tasks, "grpo")
         if self.keyframe_max_chunk < 0 or self.keyframes_per_task < 1:
             raise ConfigError("grpo: keyframe_max_chunk >= 0 and keyframes_per_task >= 1")

@@ -133,6 +133,32 @@ def test_split_physics_step_matches_robosuite_loop(env0, sim_cfg):
     np.testing.assert_allclose(finals["split"], finals["stock"], atol=1e-4)
 
 
+def test_a_lean_training_loop_runs_random_placements_only_and_stays_near_split(env0, sim_cfg):
+    actions = np.random.default_rng(1).uniform(-1, 1, (24, 7))
+
+    def final(cfg, **reset):
+        env0.cfg = cfg
+        env0.reset(**reset)
+        for a in actions:
+            env0.step(a)
+        return env0.raw.sim.data.qpos.copy(), env0._loop
+
+    lean = dataclasses.replace(sim_cfg, physics="split", train_physics="lean")
+    try:
+        split_train, loop = final(sim_cfg, seed=7)
+        lean_train, lean_loop = final(lean, seed=7)
+        split_eval, _ = final(sim_cfg, init_index=3)
+        lean_cfg_eval, eval_loop = final(lean, init_index=3)
+    finally:
+        env0.cfg = sim_cfg
+    assert (loop, lean_loop, eval_loop) == ("split", "lean", "split")
+    np.testing.assert_array_equal(lean_cfg_eval, split_eval)  # a reported evaluation is untouched
+    assert 0 < np.abs(lean_train - split_train).max() < 1e-2  # another warm start: close, not equal
+    assert "forward" not in vars(env0.raw.sim)  # no shadow left behind
+    with pytest.raises(ConfigError, match="train_physics"):
+        dataclasses.replace(sim_cfg, train_physics="fast")
+
+
 def test_non_finite_actions_are_refused(env0):
     env0.reset(init_index=0)
     with pytest.raises(ValueError, match="non-finite"):

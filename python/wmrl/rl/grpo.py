@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -79,6 +79,10 @@ class GRPOJob:
     tensorboard: bool = True
     command: str | None = None
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.cfg.rollout_physics:  # rollouts start from random placements; evaluations keep sim.physics
+            self.sim = replace(self.sim, train_physics=self.cfg.rollout_physics)
 
 
 # =========================================================================== where to start

@@ -73,6 +73,10 @@ def simulator_versions() -> dict[str, str]:
     return out
 
 
+def _no_forward() -> None:
+    """Stands in for ``MjSim.forward`` inside a ``lean`` control step (see ``_physics_step``)."""
+
+
 class SpatialEnv:
     def __init__(self, task_index: int, cfg: SimConfig):
         self.cfg = cfg
@@ -94,6 +98,7 @@ class SpatialEnv:
         if cfg.render_profile == "fast":
             self._fast_render_settings()
         self._substeps = int(round(self.raw.control_timestep / self.raw.model_timestep))
+        self._loop = cfg.physics  # reset() picks the episode's loop (SimConfig.train_physics)
         self.steps = 0
         self.success = False
         # The first soft reset after construction lands ~2 mm away from every later reset to
@@ -177,6 +182,8 @@ class SpatialEnv:
         random placement drawn with ``seed`` (training data). Exactly one must be given."""
         if (init_index is None) == (seed is None):
             raise ValueError("reset needs exactly one of init_index (mode=eval) or seed (mode=train)")
+        # evaluations always run the configured loop; training episodes may run a faster one
+        self._loop = self.cfg.physics if init_index is not None else (self.cfg.train_physics or self.cfg.physics)
         if init_index is not None:
             if not 0 <= init_index < self.num_init_states:
                 raise ValueError(f"init_index {init_index} out of range 0..{self.num_init_states - 1}")
@@ -235,22 +242,31 @@ class SpatialEnv:
         Mirrors robosuite's ``MujocoEnv.step`` without its per-substep observable updates
         (which would render). ``physics="split"`` uses ``mj_step1``/``mj_step2`` around the
         controller instead of ``forward`` + ``step`` (which recomputes the forward pass):
-        same trajectories, fewer passes.
+        same trajectories, fewer passes. ``"lean"`` also skips the forward pass robosuite's
+        OSC controller runs to read the arm's state, which ``mj_step1`` has just computed
+        (that pass also refreshes the solver's warm start: trajectories differ by rounding
+        amplified by contacts, ~1e-4 in joint positions after 120 steps).
         """
         import mujoco
 
-        raw = self.raw
+        raw, loop = self.raw, self._loop
         raw.timestep += 1
         m, d = raw.sim.model._model, raw.sim.data._data
-        for i in range(self._substeps):
-            if self.cfg.physics == "split":
-                mujoco.mj_step1(m, d)
-                raw._pre_action(action, policy_step=(i == 0))
-                mujoco.mj_step2(m, d)
-            else:
-                raw.sim.forward()
-                raw._pre_action(action, policy_step=(i == 0))
-                raw.sim.step()
+        if loop == "lean":
+            raw.sim.forward = _no_forward  # shadows the method on this instance, for this step only
+        try:
+            for i in range(self._substeps):
+                if loop == "stock":
+                    raw.sim.forward()
+                    raw._pre_action(action, policy_step=(i == 0))
+                    raw.sim.step()
+                else:
+                    mujoco.mj_step1(m, d)
+                    raw._pre_action(action, policy_step=(i == 0))
+                    mujoco.mj_step2(m, d)
+        finally:
+            if loop == "lean":
+                del raw.sim.forward
         raw.cur_time += raw.control_timestep
         reward, _, _ = raw._post_action(action)  # LIBERO's reward is 1 exactly when the goal holds
         return bool(reward > 0)
