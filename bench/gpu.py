@@ -18,7 +18,8 @@ returns only a few files).
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
-                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1]   (world-model architectures at equal
+                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25]
+                               (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
                                full-resolution head, @N: context noise, /rS: the change
@@ -257,10 +258,13 @@ def phase_probe(v: dict, env: dict) -> None:
         sys.exit(f"BATCH has {len(batches)} sizes and LR {len(lrs)} rates: give one rate per batch size")
     for seed in v.get("SEEDS", "0").split(","):  # SEEDS=0,1: the spread of every figure, seed by seed
         for view in v.get("VIEW", "main").split(","):  # VIEW=main,wrist: each view in turn
-            for (batch, lr), phases in itertools.product(zip(batches, lrs), v.get("PHASES", "0").split(",")):
-                # PHASES=0,1: without and with every chunk-boundary phase of the demonstrations
+            # PHASES=0,1: without and with every chunk-boundary phase of the demonstrations;
+            # SELF_CONTEXT=0,0.25: without and with a quarter of each batch on the model's own context
+            for (batch, lr), phases, own in itertools.product(zip(batches, lrs), v.get("PHASES", "0").split(","),
+                                                              v.get("SELF_CONTEXT", "0").split(",")):
                 name = ("wm_probe" if view == "main" else f"wm_probe_{view}") + (f"_s{seed}" if seed != "0" else "") \
-                    + (f"_b{batch}" if len(batches) > 1 else "") + ("_ph" if phases == "1" else "")
+                    + (f"_b{batch}" if len(batches) > 1 else "") + ("_ph" if phases == "1" else "") \
+                    + (f"_sc{own}" if float(own) else "")
                 stage(name, "bench/wm_probe.py", ["--manifest", layout.manifest, "--view", view, "--size", v.get("SIZE", "128"),
                                                   *[a for x in archs for a in ("--arch", x)], "--minutes", v.get("MINUTES", "2"),
                                                   "--steps", "100000", "--batch", batch, "--lr", lr,
@@ -268,6 +272,7 @@ def phase_probe(v: dict, env: dict) -> None:
                                                   *(["--ema", v["EMA"]] if "EMA" in v else []),
                                                   *(["--final-steps", v["FINAL_STEPS"]] if "FINAL_STEPS" in v else []),
                                                   *(["--all-phases"] if phases == "1" else []),
+                                                  "--self-context", own,
                                                   "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
 
 

@@ -62,6 +62,7 @@ from wmrl.ema import EMA  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import action_response, psnr, ssim  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
+from wmrl.worldmodel.train import own_context  # noqa: E402
 from wm_throughput import flops_per_sample, own_actions  # noqa: E402  (bench/, this script's folder)
 
 H200_PEAK = 790e12  # dense bf16 FLOP/s: the MFU printed on a GPU is against this
@@ -224,7 +225,10 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         if a.device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        b = tr.batch(torch.randint(0, tr.size, (a.batch,), device=a.device), a.view, cfg.condition_on_main, norm)
+        idx = torch.randint(0, tr.size, (a.batch,), device=a.device)
+        b = tr.batch(idx, a.view, cfg.condition_on_main, norm)
+        if a.self_context:  # WMTrainConfig.self_context
+            b = own_context(model, tr, idx, b, a.self_context, a.view, norm)
         step += 1
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
@@ -319,6 +323,9 @@ def main() -> None:
                         "WorldModelConfig.sample_steps)")
     p.add_argument("--ema", type=float, default=0.0,
                    help="also evaluate an exponential moving average of the weights with this decay (e.g. 0.999; 0: off)")
+    p.add_argument("--self-context", type=float, default=0.0,
+                   help="fraction of each batch trained on the model's own one-chunk prediction as context "
+                        "(WMTrainConfig.self_context)")
     p.add_argument("--all-phases", action="store_true",
                    help="train on every chunk-boundary phase of every-step recordings (WMTrainConfig.all_phases)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

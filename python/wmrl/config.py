@@ -448,6 +448,10 @@ class WMTrainConfig:
     # Open loop +0.1 to +1.0 dB at 5 and 10 chunks in both seeds at equal time on the H200, and
     # what lets longer training pay (bench/RESULTS.md "Every phase of the demonstrations")
     all_phases: bool = True
+    # Fraction of each batch whose latest context frame is the model's own one-chunk prediction
+    # (``wmrl.worldmodel.train.own_context``: training sees the frames imagination feeds it; ~1.3x
+    # the cost per update at 0.25). 0: real context only (not yet measured on the H200)
+    self_context: float = 0.0
     seed: int = 20261021  # the seed's cycle seed
     # NHWC activations for the U-Net's convolutions (speed only: the same model and loss; off
     # until bench/wm_throughput.py --variants shows the gain on a GPU)
@@ -463,6 +467,8 @@ class WMTrainConfig:
                 raise ConfigError(f"world-model training: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.warmup < 0 or self.val_batches < 0:
             raise ConfigError("world-model training: lr > 0, warmup >= 0 and val_batches >= 0")
+        if not 0 <= self.self_context <= 1:
+            raise ConfigError(f"world-model training: self_context={self.self_context} is a fraction of the batch, 0..1")
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,33 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
 
 
+def test_own_context_puts_the_models_prediction_where_imagination_would(trajectories):
+    from wmrl.worldmodel.train import own_context
+
+    torch.manual_seed(0)
+    cfg = TINY.main
+    model = FrameWorldModel(cfg)
+    t = _new_transitions(trajectories, cfg)
+    norm = proprio_stats(t)
+    idx = torch.arange(t.size)
+    b = t.batch(idx, "main", False, norm)
+    assert own_context(model, t, idx, b, 0.0, "main", norm) is b  # off: the real context, untouched
+    torch.manual_seed(1)
+    own = own_context(model, t, idx, b, 1.0, "main", norm)
+    later = t.previous[idx] >= 0  # every transition but an episode's first has a predecessor
+    assert 0 < later.sum() < len(idx)
+    torch.testing.assert_close(own["frames"][~later], b["frames"][~later], rtol=0, atol=0)
+    torch.testing.assert_close(own["frames"][:, 0], b["frames"][:, 0], rtol=0, atol=0)  # older context stays real
+    torch.manual_seed(1)
+    torch.rand(idx.shape)  # own_context's draw of the rows
+    pb = t.batch(t.previous[idx][later], "main", False, norm)
+    frame, proprio = model.generate(pb["frames"], pb["actions"], pb["proprio"])
+    torch.testing.assert_close(own["frames"][later, cfg.context - 1], frame)
+    torch.testing.assert_close(own["proprio"][later], proprio)
+    assert not torch.equal(own["frames"][later, cfg.context - 1], b["frames"][later, cfg.context - 1])
+    torch.testing.assert_close(own["target"], b["target"], rtol=0, atol=0)  # the target stays the real next frame
+
+
 def _fits_one_batch(model, batch, updates: int = 15) -> bool:
     """A few Adam steps on one batch, with the same noise levels and noise every time, take its
     loss below 80% of where it started: the model can learn."""
@@ -469,10 +496,11 @@ def _clone(src: Path, dst: Path) -> Path:
 
 
 def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
+    # half of each batch on the model's own context: its random rows and noise resume too
     straight = _clone(manifest_run, manifest_run.parent / "straight")
-    _wm(["--view", "main", "--steps", "6"], straight)
+    _wm(["--view", "main", "--steps", "6", "--self-context", "0.5"], straight)
     split = _clone(manifest_run, manifest_run.parent / "split")
-    _wm(["--view", "main", "--steps", "6", "--stop-after", "3"], split)
+    _wm(["--view", "main", "--steps", "6", "--stop-after", "3", "--self-context", "0.5"], split)
     status = json.loads((split / "worldmodels/main/status.json").read_text())
     assert status["step"] == 3 and (split / "worldmodels/main/deepspeed/global_step3").is_dir()
     # a byte flipped in the DeepSpeed checkpoint: refused before anything loads, naming the file
@@ -483,9 +511,9 @@ def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 1
     shard.write_bytes(bytes(raw))
-    r = _wm(["--view", "main", "--steps", "6"], tampered, check=False)
+    r = _wm(["--view", "main", "--steps", "6", "--self-context", "0.5"], tampered, check=False)
     assert r.returncode == 2 and f"{shard} is missing or changed since it was saved" in r.stderr
-    _wm(["--view", "main", "--steps", "6"], split)
+    _wm(["--view", "main", "--steps", "6", "--self-context", "0.5"], split)
     from safetensors.torch import load_file
 
     a = load_file(straight / "worldmodels/main/global_step_6/model.safetensors")

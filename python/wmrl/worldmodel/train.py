@@ -149,6 +149,28 @@ class Objective(torch.nn.Module):
             return self.model.loss(target, frames, actions, proprio, next_proprio, self.proprio_weight)
 
 
+def own_context(model, data, idx: torch.Tensor, batch: dict, fraction: float, view: str, norm: dict) -> dict:
+    """Train on the model's own frames as context, where imagination will put them: for about
+    ``fraction`` of the batch (rows whose transition has a predecessor in its episode), the
+    latest context frame and the proprio are replaced by the model's one-chunk prediction from
+    the predecessor's real context (no gradient through it). Open loop every context frame after
+    the first chunk is generated, and a model trained on real context alone never sees the
+    errors it then builds on (drift); this is the one-step form of self-forcing / scheduled
+    sampling. The older context frames stay real; the wrist model's main-view frame too."""
+    prev = data.previous[idx]
+    rows = torch.nonzero((prev >= 0) & (torch.rand(idx.shape, device=idx.device) < fraction)).flatten()
+    if not len(rows):
+        return batch
+    pb = data.batch(prev[rows], view, model.cfg.condition_on_main, norm)
+    actions = pb["actions"][:, -model.cfg.action_chunks * model.cfg.chunk_size:]  # the tail this model reads
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=pb["frames"].is_cuda):
+        frame, proprio = model.generate(pb["frames"], actions, pb["proprio"])
+    frames, own = batch["frames"].clone(), batch["proprio"].clone()
+    frames[rows, model.cfg.context - 1] = frame.to(frames.dtype)
+    own[rows] = proprio.to(own.dtype)
+    return {**batch, "frames": frames, "proprio": own}
+
+
 def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
     """The training config's speed options, in place (parameter names, hence checkpoints and
     exported weights, stay as they are): NHWC layout and ``torch.compile`` of the loss."""
@@ -288,8 +310,10 @@ def train_step(S: WMState) -> tuple[torch.Tensor, dict]:
     E, job = S.engine, S.job
     parts = {}
     for _ in range(E.gradient_accumulation_steps()):
-        b = S.train.batch(S.sampler.next(E.train_micro_batch_size_per_gpu()).to(S.device), job.view,
-                          job.model.condition_on_main, S.stats)
+        idx = S.sampler.next(E.train_micro_batch_size_per_gpu()).to(S.device)
+        b = S.train.batch(idx, job.view, job.model.condition_on_main, S.stats)
+        if job.train.self_context > 0:
+            b = own_context(E.module.model, S.train, idx, b, job.train.self_context, job.view, S.stats)
         loss, parts = E(**b)
         E.backward(loss)
         E.step()
