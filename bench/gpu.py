@@ -18,7 +18,7 @@ returns only a few files).
                                WM_BENCH=1]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
-                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25]
+                               SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25 SCHEDULE=cosine]
                                (world-model architectures at equal
                                training time, PSNR and SSIM, real | imagined strips;
                                pP: P x P pixel patches folded into channels, pP+R: and an R-channel
@@ -272,7 +272,7 @@ def phase_probe(v: dict, env: dict) -> None:
                                                   *(["--ema", v["EMA"]] if "EMA" in v else []),
                                                   *(["--final-steps", v["FINAL_STEPS"]] if "FINAL_STEPS" in v else []),
                                                   *(["--all-phases"] if phases == "1" else []),
-                                                  "--self-context", own,
+                                                  "--self-context", own, "--schedule", v.get("SCHEDULE", "constant"),
                                                   "--json", OUT / f"{name}.json", "--strips", OUT / f"{name}_strips"], env)
 
 

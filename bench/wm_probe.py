@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -230,8 +231,12 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         if a.self_context:  # WMTrainConfig.self_context
             b = own_context(model, tr, idx, b, a.self_context, a.view, norm)
         step += 1
+        # linear warm-up, then constant or (--schedule cosine, the kit's WarmupCosineLR) a cosine
+        # decay over the budget: by updates, or by training time when --minutes bounds the run
+        done = trained / budget if a.minutes else step / a.steps
+        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, done))) if a.schedule == "cosine" else 1.0
         for group in opt.param_groups:
-            group["lr"] = a.lr * min(1.0, step / 100)  # linear warm-up
+            group["lr"] = a.lr * min(1.0, step / 100) * decay
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.device == "cuda"):
             loss, _ = model.loss(**{**b, "actions": own_actions(model.cfg, b["actions"])})
         opt.zero_grad()
@@ -323,6 +328,8 @@ def main() -> None:
                         "WorldModelConfig.sample_steps)")
     p.add_argument("--ema", type=float, default=0.0,
                    help="also evaluate an exponential moving average of the weights with this decay (e.g. 0.999; 0: off)")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                   help="lr after the warm-up: constant, or a cosine decay to 0 over the budget (the kit's)")
     p.add_argument("--self-context", type=float, default=0.0,
                    help="fraction of each batch trained on the model's own one-chunk prediction as context "
                         "(WMTrainConfig.self_context)")
