@@ -15,7 +15,7 @@ returns only a few files).
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
-                               WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=1 (demonstrations with every phase)]
+                               WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
                                SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25 SCHEDULE=cosine]
@@ -233,7 +233,8 @@ def phase_wm(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
     if v.get("WM_BENCH") == "1":  # the speed of training and imagination first, on an idle GPU
         stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
-    layout = wm_data(run, v, env, v.get("EPISODES", "20"))
+    # demonstrations with a frame every step, as `make demos` records them (the update trains on every phase)
+    layout = wm_data(run, {"FRAME_INTERVAL": "1", **v}, env, v.get("EPISODES", "20"))
     args = ["--run", run, "--steps", v.get("STEPS", "400"), "--save-interval", "100", "--no-progress",
             *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []),

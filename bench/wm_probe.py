@@ -62,9 +62,9 @@ from wmrl.config import WorldModelConfig  # noqa: E402
 from wmrl.ema import EMA  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import action_response, psnr, ssim  # noqa: E402
-from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, unit_to_images  # noqa: E402
+from wmrl.worldmodel.model import FrameWorldModel, images_to_unit, own_actions, unit_to_images  # noqa: E402
 from wmrl.worldmodel.train import own_context  # noqa: E402
-from wm_throughput import flops_per_sample, own_actions  # noqa: E402  (bench/, this script's folder)
+from wm_throughput import flops_per_sample  # noqa: E402  (bench/, this script's folder)
 
 H200_PEAK = 790e12  # dense bf16 FLOP/s: the MFU printed on a GPU is against this
 

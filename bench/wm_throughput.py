@@ -62,12 +62,6 @@ def _inputs(cfg, batch: int, device):
             "next_proprio": torch.randn(batch, cfg.proprio_dim, device=device)}
 
 
-def own_actions(cfg, actions):
-    """The last chunks of an action sequence that a model of ``cfg`` reads (its
-    ``action_history`` past chunks, then the current; the sequence's oldest chunk comes first)."""
-    return actions[:, -cfg.action_chunks * cfg.chunk_size:]
-
-
 def flops_per_sample(model, cfg, device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -151,7 +145,7 @@ def profile_updates(update, device, folder: Path, updates: int = 3) -> dict:
 
 def bench_imagination(prof, args, device) -> dict:
     import torch
-    from wmrl.worldmodel.model import FrameWorldModel
+    from wmrl.worldmodel.model import FrameWorldModel, own_actions
 
     main, wrist = FrameWorldModel(prof.main).to(device).eval(), FrameWorldModel(prof.wrist).to(device).eval()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

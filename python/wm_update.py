@@ -67,8 +67,11 @@ def _passthrough(args) -> list[str]:
     out = ["--profile", args.profile, "--run", args.run, "--manifest", str(args.manifest or RunLayout(args.run).manifest)]
     for f in dataclasses.fields(WMTrainConfig):
         val = getattr(args, f.name, None)
-        if val is not None:
-            out += [f"--{f.name.replace('_', '-')}", str(val)]
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(val, bool):  # BooleanOptionalAction: --compile / --no-compile, no value
+            out.append(flag if val else f"--no-{flag[2:]}")
+        elif val is not None:
+            out += [flag, str(val)]
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
     if args.init_pair:

@@ -898,3 +898,19 @@ def test_the_reward_reads_its_views_side_by_side():
     for bad in ((), ("main", "main"), ("side",)):
         with pytest.raises(ConfigError, match="reward.views"):
             override(get_config("reward_tiny"), views=bad)
+
+
+def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
+    """`--compile` reaches each view's process as `--compile`, not `--compile True` (which its
+    parser refuses: the H200 update failed that way), and numbers keep their values."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wm_update_script", REPO / "python" / "wm_update.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = argparse.Namespace(profile="tiny", run=str(tmp_path), manifest=None, ds_config=None, init_pair=None,
+                              no_progress=True, compile=True, all_phases=False, steps=7, self_context=0.25)
+    out = script._passthrough(args)
+    assert "--compile" in out and "--no-all-phases" in out and "True" not in out and "False" not in out
+    assert out[out.index("--steps") + 1] == "7" and out[out.index("--self-context") + 1] == "0.25"

@@ -43,6 +43,12 @@ def moving_pixels(target: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     return (target.float() - current.float()).abs().amax(1, keepdim=True) > MOVING
 
 
+def own_actions(cfg: WorldModelConfig, actions: torch.Tensor) -> torch.Tensor:
+    """The last chunks of an action sequence (B, T, A) that a model of ``cfg`` reads: its
+    ``action_history`` past chunks, then the current one (the oldest chunk comes first)."""
+    return actions[:, -cfg.action_chunks * cfg.chunk_size:]
+
+
 def images_to_unit(x: torch.Tensor) -> torch.Tensor:
     """uint8 (..., H, W, 3) -> float (..., 3, H, W) in [-1, 1]."""
     return x.movedim(-1, -3).float() / 127.5 - 1.0

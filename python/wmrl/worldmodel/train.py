@@ -162,9 +162,10 @@ def own_context(model, data, idx: torch.Tensor, batch: dict, fraction: float, vi
     if not len(rows):
         return batch
     pb = data.batch(prev[rows], view, model.cfg.condition_on_main, norm)
-    actions = pb["actions"][:, -model.cfg.action_chunks * model.cfg.chunk_size:]  # the tail this model reads
+    from wmrl.worldmodel.model import own_actions
+
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=pb["frames"].is_cuda):
-        frame, proprio = model.generate(pb["frames"], actions, pb["proprio"])
+        frame, proprio = model.generate(pb["frames"], own_actions(model.cfg, pb["actions"]), pb["proprio"])
     frames, own = batch["frames"].clone(), batch["proprio"].clone()
     frames[rows, model.cfg.context - 1] = frame.to(frames.dtype)
     own[rows] = proprio.to(own.dtype)
