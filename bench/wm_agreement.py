@@ -39,7 +39,7 @@ from wmrl.config import RewardConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, held_out_halves, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
-from wmrl.worldmodel.reward import RewardModel, episode_frames, imagined_frames, train_reward  # noqa: E402
+from wmrl.worldmodel.reward import RewardModel, episode_frames, episode_index, imagined_frames, train_reward  # noqa: E402
 
 
 def main() -> None:
@@ -110,12 +110,13 @@ def main() -> None:
             cfg = RewardConfig(views=views, steps=a.reward_steps, seed=a.seed, generated_horizon=a.horizon)
             gen = {k: (columns(f, views, a.size), labels, episode) for k, (f, labels, episode) in generated.items()}
             meta = train_reward(*episode_frames(train, views), *episode_frames(calib, views), cfg, Path(tmp) / spec, {},
-                                progress=False, generated=gen)
+                                progress=False, generated=gen, val_episode=episode_index(calib))
             reward = RewardModel.from_pretrained(Path(tmp) / spec, a.device).eval()
             report[spec] = {"threshold": meta["threshold"], "calibrated_on": meta["calibrated_on"],
                             "calibration": meta["val_generated_episodes"],
                             "single_frames_calibration": meta["val_frame_balanced_accuracy"],
-                            "imagined": episode_agreement(roll, reward), "real": episode_agreement(roll, reward, "real")}
+                            "imagined": episode_agreement(roll, reward),
+                            "real": episode_agreement(roll, reward, "real", meta["threshold_real"])}
             for frames in ("imagined", "real"):
                 r = report[spec][frames]
                 print(f"reward on {spec:11s} reading {frames:8s} frames: agreement {r['balanced_accuracy']} "

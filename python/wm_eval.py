@@ -71,7 +71,11 @@ def main(args) -> int:
     result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
               "episodes_disjoint_from_reward_calibration": disjoint, **metrics(roll, reward),
               "agreement": episode_agreement(roll, reward),
-              "agreement_on_real_frames": episode_agreement(roll, reward, frames="real"),  # the reward's ceiling
+              # the reward's ceiling: reading the real frames, at the threshold chosen on real episodes where
+              # the reward has one (a threshold set for blurred imagined frames misjudges sharp ones)
+              "agreement_on_real_frames": episode_agreement(roll, reward, frames="real",
+                                                            threshold=json.loads((pair.part("reward") / "config.json")
+                                                                            .read_text()).get("threshold_real")),
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)

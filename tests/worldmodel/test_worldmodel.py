@@ -582,6 +582,9 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert reward["generated_by"] == {v: selection[v]["weights"] for v in ("main", "wrist")}
     assert reward["calibrated_on"] in ("generated episodes", "generated", "real")
     assert reward["val_generated_episodes"]["episodes"] >= 1
+    # success-once calibrated on the real validation episodes too (the ceiling's threshold; None
+    # where they show one outcome only)
+    assert reward["val_real_episodes"]["episodes"] == 1 and "threshold_real" in reward
 
     _py("package_pair.py", "--run", str(run))
     pair = json.loads((run / "model_pair/pair.json").read_text())
@@ -725,6 +728,18 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     late["valid"] = torch.ones(4, 7, dtype=torch.bool)
     assert episode_agreement(late, Mark)["timing_error_chunks"] == 1.0
     assert episode_agreement(late, Mark, frames="real")["timing_error_chunks"] == 0.0  # the reward's ceiling
+
+    class Strict(Mark):  # its own threshold (set on blurred imagined frames) is too high for sharp real ones
+        def __call__(self, frames):
+            return frames[:, 0, 0, 0] * 5  # logit +5 on the mark, -5 elsewhere
+
+        @staticmethod
+        def success(frames):
+            return torch.zeros(len(frames), dtype=torch.bool)
+
+    assert episode_agreement(roll, Strict(), frames="real")["balanced_accuracy"] == 0.5
+    ceiling = episode_agreement(roll, Strict(), frames="real", threshold=0.5)  # wm-eval passes threshold_real
+    assert ceiling["balanced_accuracy"] == 1.0 and ceiling["timing_error_chunks"] == 0.0
 
 
 def test_action_response_is_zero_exactly_for_a_model_blind_to_its_actions(trajectories):

@@ -131,20 +131,25 @@ def metrics(roll: dict, reward=None) -> dict:
     return out
 
 
-def episode_agreement(roll: dict, reward, frames: str = "imagined") -> dict:
+def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: float | None = None) -> dict:
     """Episode-level success in imagination against the simulator's, for the rollouts of
     ``open_loop`` (real actions from the real start): success-once over the valid imagined
     frames, as GRPO's imagined environment judges it; timing error in chunks where both say
     success. ``frames="real"``: the same reward reading the real frames instead, the agreement
     a perfect world model would get (the reward's own ceiling: below it, the world models lose
-    what success looks like; at it, the reward cannot tell)."""
+    what success looks like; at it, the reward cannot tell). ``threshold``: instead of the
+    reward's own (calibrated on imagined episodes), e.g. its ``threshold_real``, chosen on real
+    episodes, for the ceiling: a threshold set for blurred imagined frames misjudges sharp ones."""
     valid = roll["valid"]
     labels = torch.stack(roll["success"]).bool() & valid
     e = labels.shape[0]
     said = torch.zeros_like(labels)
     views = roll[frames]
     for i in range(e):
-        said[i] = reward.success(reward.inputs({v: views[v][i] for v in reward.cfg.views})).cpu() & valid[i]
+        x = reward.inputs({v: views[v][i] for v in reward.cfg.views})
+        with torch.no_grad():
+            hit = reward.success(x) if threshold is None else torch.sigmoid(reward(x)) >= threshold
+        said[i] = hit.cpu() & valid[i]
     said[:, 0] = False  # the start is a real frame, not imagined
     real, imag = labels.any(1), said.any(1)
     first = lambda m: torch.where(m.any(1), m.float().argmax(1), torch.full((e,), -1.0))  # noqa: E731

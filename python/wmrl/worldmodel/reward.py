@@ -83,6 +83,12 @@ def episode_frames(episodes, views: tuple[str, ...]) -> tuple[torch.Tensor, torc
     return side_by_side(frames, views, dim=2), torch.from_numpy(np.concatenate([e.success for e in episodes]))
 
 
+def episode_index(episodes) -> torch.Tensor:
+    """For ``episode_frames(episodes, ...)``: which episode each frame belongs to (N,)."""
+    return torch.cat([torch.full((len(e.success),), i) for i, e in enumerate(episodes)]) if episodes else \
+        torch.zeros(0, dtype=torch.long)
+
+
 def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> torch.Tensor:
     """Random blur (a 3x3 box, as a few-step generator's softness) and pixel noise."""
     blur = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
@@ -177,11 +183,15 @@ class RewardObjective(nn.Module):
 
 def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,
                  val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True,
-                 ds_config_path: str | None = None, generated: dict | None = None) -> dict:
+                 ds_config_path: str | None = None, generated: dict | None = None,
+                 val_episode: torch.Tensor | None = None) -> dict:
     """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
     Trained through DeepSpeed like the world models (one process; bf16 on a GPU).
     ``generated``: {"train": (frames, labels), "val": (frames, labels)} imagined by the pair;
-    the training ones join the real frames, the validation ones set the threshold."""
+    the training ones join the real frames, the validation ones set the threshold.
+    ``val_episode`` (``episode_index`` of the real validation frames): also calibrate
+    success-once on the real validation episodes (``threshold_real``), the threshold with which
+    ``make wm-eval`` measures the reward's own ceiling on real frames."""
     gen_train_n = 0
     if generated is not None and len(generated["train"][0]):
         gen_train_n = len(generated["train"][0])
@@ -248,6 +258,14 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
                     "balanced_accuracy": balanced_accuracy(peak >= threshold, real),
                     "imagined_successes_at_frame_threshold": int((peak >= frame_threshold).sum())}
     model.threshold.fill_(threshold)
+    real_episodes = None
+    if val_episode is not None and len(val_frames):
+        start = torch.ones(len(val_episode), dtype=torch.bool)  # a start frame is never judged (as in GRPO)
+        start[1:] = val_episode[1:] != val_episode[:-1]
+        peak, real = episode_outcomes(torch.where(start, -1.0, real_probs), val_labels, val_episode)
+        by_real = calibrate_episodes(peak, real)
+        real_episodes = {"episodes": len(peak), "real_successes": int(real.sum()),
+                         "threshold": by_real[0] if by_real else None, "balanced_accuracy": by_real[1] if by_real else None}
 
     def frame_accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float | None:
         return balanced_accuracy(probs >= frame_threshold, labels) if len(probs) else None
@@ -257,7 +275,8 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     frames = {"real": frame_accuracy(real_probs, val_labels), "generated": frame_accuracy(gen_probs, gen_val[1])}
     meta = {"threshold": threshold, "calibrated_on": calibrated_on, "val_balanced_accuracy": bal_acc,
             "frame_threshold": frame_threshold, "val_frame_balanced_accuracy": frames,
-            "val_generated_episodes": episodes,
+            "val_generated_episodes": episodes, "val_real_episodes": real_episodes,
+            "threshold_real": (real_episodes or {}).get("threshold"),
             "val_balanced_accuracy_real": balanced_accuracy(real_probs >= threshold, val_labels) if len(val_frames) else None,
             "val_balanced_accuracy_generated": balanced_accuracy(gen_probs >= threshold, gen_val[1]) if len(gen_val[0])
             else None, "val_frames": len(val_frames), "val_generated_frames": len(gen_val[0]),
