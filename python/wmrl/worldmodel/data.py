@@ -60,14 +60,23 @@ def _frames(dataset, idx: np.ndarray) -> np.ndarray:
     return np.stack([dataset[int(i)] for i in idx])
 
 
-def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = "", phase: int = 0) -> Episode | None:
+def episode_arrays(group) -> dict[str, np.ndarray]:
+    """An episode's small per-step arrays, read once for all its phases (the images are not)."""
+    return {"frame_step": group["frame_step"][()].astype(np.int64), "actions": group["actions"][()].astype(np.float32),
+            "rewards": group["rewards"][()], "proprio": group["obs"]["proprio"][()].astype(np.float32)}
+
+
+def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = "", phase: int = 0,
+                 arrays: dict[str, np.ndarray] | None = None) -> Episode | None:
     """The episode's frames every ``chunk`` steps from step ``phase`` (None where fewer than
-    two such frames exist, e.g. a phase > 0 of a recording made at chunk boundaries only)."""
-    fs = group["frame_step"][()].astype(np.int64)
+    two such frames exist, e.g. a phase > 0 of a recording made at chunk boundaries only).
+    ``arrays``: ``episode_arrays(group)`` when the caller reads several phases."""
+    a = arrays if arrays is not None else episode_arrays(group)
+    fs = a["frame_step"]
     if phase and not np.isin([phase, phase + chunk], fs).all():
         return None
     idx = boundary_frames(fs, chunk, phase)
-    actions = group["actions"][()].astype(np.float32)[phase:]
+    actions = a["actions"][phase:]
     n = int(min(len(idx), len(actions) // chunk + 1))  # a last, shorter chunk has no boundary after it
     if n < 2:
         return None
@@ -77,9 +86,9 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
     # demonstration recorded at every step decodes 1/chunk of its frames.
     return Episode(
         main=_frames(obs["agentview_rgb"], idx), wrist=_frames(obs["eye_in_hand_rgb"], idx),
-        proprio=obs["proprio"][()][idx].astype(np.float32),
+        proprio=a["proprio"][idx],
         actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
-        success=group["rewards"][()][idx] > 0, source=source, key=key,
+        success=a["rewards"][idx] > 0, source=source, key=key,
         task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")),
         init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256, phase=phase)
 
@@ -130,8 +139,9 @@ def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     with h5py.File(path, "r") as h:
         for i in range(n):
             group, key = h["data"][f"demo_{i}"], f"{Path(path).name}:demo_{i}"
+            arrays = episode_arrays(group)
             for phase in range(1 if phase_val is None or i in phase_val else chunk):
-                ep = read_episode(group, chunk, source, key + (f"@{phase}" if phase else ""), sha, phase)
+                ep = read_episode(group, chunk, source, key + (f"@{phase}" if phase else ""), sha, phase, arrays)
                 if ep is not None:
                     out.append((i, ep))
     return out
