@@ -82,11 +82,11 @@ def main(args, manifest: Path) -> int:
 
     from wmrl.config import CHUNK_SIZE
 
-    _, train, val = load_split(manifest, chunk=CHUNK_SIZE)
+    _, train, val = load_split(manifest, chunk=CHUNK_SIZE, phases=cfg.all_phases)  # validation: phase 0
     val, _ = held_out_halves(val)  # the calibration half; wm-eval scores agreement on the other
 
     lineage = {"manifest": str(manifest), "manifest_sha256": sha256_file(manifest), "git_commit": git_commit()}
-    generated = imagine(args.run, cfg, train, val, lineage)
+    generated = imagine(args.run, cfg, [e for e in train if e.phase == 0], val, lineage)
     meta = train_reward(*episode_frames(train, cfg.views), *episode_frames(val, cfg.views), cfg, out, lineage,
                         progress=not args.no_progress, generated=generated, val_episode=episode_index(val))
     print(json.dumps({k: meta[k] for k in ("threshold", "calibrated_on", "frame_threshold", "val_generated_episodes",

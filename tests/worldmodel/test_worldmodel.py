@@ -585,6 +585,10 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     # success-once calibrated on the real validation episodes too (the ceiling's threshold; None
     # where they show one outcome only)
     assert reward["val_real_episodes"]["episodes"] == 1 and "threshold_real" in reward
+    # real frames from every phase of the every-step recordings (RewardConfig.all_phases), the
+    # generated ones from phase 0: several times as many real frames as imagined ones
+    real_frames = reward["train_frames"] - reward["train_generated_frames"]
+    assert real_frames >= 2 * reward["train_generated_frames"], reward
 
     _py("package_pair.py", "--run", str(run))
     pair = json.loads((run / "model_pair/pair.json").read_text())
