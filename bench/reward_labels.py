@@ -21,7 +21,6 @@ one half of the validation episodes, applied to the other, both ways round.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -38,7 +37,8 @@ from wm_probe import shrink  # noqa: E402  (bench/, this script's folder)
 from wmrl.config import RewardConfig  # noqa: E402
 from wmrl.worldmodel.data import held_out_halves, load_split  # noqa: E402
 from wmrl.worldmodel.model import images_to_unit  # noqa: E402
-from wmrl.worldmodel.reward import RewardModel, balanced_accuracy, calibrate_episodes, episode_frames, train_reward  # noqa: E402
+from wmrl.worldmodel.reward import (RewardModel, balanced_accuracy, calibrate_episodes, episode_frames,  # noqa: E402
+                                   episode_index, episode_peaks, train_reward)
 
 
 def success_within(episodes, chunk: int, window: int) -> list[torch.Tensor]:
@@ -64,17 +64,12 @@ def recorded(e) -> str:
     return f"{e.file_sha256}:{e.key.split('@')[0]}"
 
 
-def episode_peaks(model: RewardModel, episodes, views) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per episode: the highest success probability over its frames after the start, and the
-    simulator's outcome."""
-    peaks, real = [], []
+def peaks_of(model: RewardModel, episodes, views) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per episode: the highest success probability after its start, and the simulator's outcome."""
+    frames, labels = episode_frames(episodes, views)
     with torch.no_grad():
-        for e in episodes:
-            frames, labels = episode_frames([e], views)
-            p = torch.sigmoid(model(images_to_unit(frames[1:])))
-            peaks.append(float(p.max()) if len(p) else 0.0)
-            real.append(bool(labels.any()))
-    return torch.tensor(peaks), torch.tensor(real)
+        probs = torch.cat([torch.sigmoid(model(images_to_unit(frames[i:i + 256]))) for i in range(0, len(frames), 256)])
+    return episode_peaks(probs, labels, episode_index(episodes))
 
 
 def main() -> None:
@@ -108,13 +103,13 @@ def main() -> None:
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 vf, vl = episode_frames(halves[0], views)
-                train_reward(frames, labels, vf, vl, dataclasses.replace(cfg), Path(tmp), {}, progress=False)
+                train_reward(frames, labels, vf, vl, cfg, Path(tmp), {}, progress=False)
                 model = RewardModel.from_pretrained(Path(tmp), "cpu").eval()
             scores = []
             for cal, test in ((halves[0], halves[1]), (halves[1], halves[0])):
-                peak_c, real_c = episode_peaks(model, cal, views)
+                peak_c, real_c = peaks_of(model, cal, views)
                 th, _ = calibrate_episodes(peak_c, real_c) or (0.5, None)
-                peak_t, real_t = episode_peaks(model, test, views)
+                peak_t, real_t = peaks_of(model, test, views)
                 scores.append({"threshold": round(th, 2), "agreement": round(balanced_accuracy(peak_t >= th, real_t), 3),
                                "said": int((peak_t >= th).sum()), "real": int(real_t.sum()), "episodes": len(test)})
             row = {"train_frames": len(labels), "success_frames": int(labels.sum()), "halves": scores,

@@ -74,8 +74,7 @@ def main(args) -> int:
               # the reward's ceiling: reading the real frames, at the threshold chosen on real episodes where
               # the reward has one (a threshold set for blurred imagined frames misjudges sharp ones)
               "agreement_on_real_frames": episode_agreement(roll, reward, frames="real",
-                                                            threshold=json.loads((pair.part("reward") / "config.json")
-                                                                            .read_text()).get("threshold_real")),
+                                                            threshold=reward.saved_meta.get("threshold_real")),
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)

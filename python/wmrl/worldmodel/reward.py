@@ -155,6 +155,14 @@ def episode_outcomes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.T
     return peak, real
 
 
+def episode_peaks(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``episode_outcomes`` of real episodes' frames in order (``episode_index``), each start frame
+    left out: it is never judged (GRPO and ``episode_agreement`` start from it)."""
+    start = torch.ones(len(episode), dtype=torch.bool)
+    start[1:] = episode[1:] != episode[:-1]
+    return episode_outcomes(torch.where(start, -1.0, probs), labels, episode)
+
+
 def calibrate_episodes(peak: torch.Tensor, real: torch.Tensor) -> tuple[float, float] | None:
     """The threshold of success-once (an episode succeeds when any of its frames reaches it),
     from ``episode_outcomes``, with the best balanced accuracy of episode success, and that
@@ -260,9 +268,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     model.threshold.fill_(threshold)
     real_episodes = None
     if val_episode is not None and len(val_frames):
-        start = torch.ones(len(val_episode), dtype=torch.bool)  # a start frame is never judged (as in GRPO)
-        start[1:] = val_episode[1:] != val_episode[:-1]
-        peak, real = episode_outcomes(torch.where(start, -1.0, real_probs), val_labels, val_episode)
+        peak, real = episode_peaks(real_probs, val_labels, val_episode)
         by_real = calibrate_episodes(peak, real)
         real_episodes = {"episodes": len(peak), "real_successes": int(real.sum()),
                          "threshold": by_real[0] if by_real else None, "balanced_accuracy": by_real[1] if by_real else None}
