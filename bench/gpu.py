@@ -10,7 +10,8 @@ returns only a few files).
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
-                               ROLLOUT_PHYSICS=lean EVAL_FIRST=0 (seed 0's run evaluates step 0 first)]
+                               ROLLOUT_PHYSICS=lean EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
+                               GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
@@ -204,6 +205,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                           ("--rollout-physics", "ROLLOUT_PHYSICS")):
             if key in v:
                 args += [flag, v[key]]
+        args += shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option
         devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]
         procs.append(stage(f"grpo{v.get('TAG', '')}_seed{s}", "grpo.py", args, env, background=True,
                            extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc))

@@ -651,6 +651,12 @@ class GRPOConfig:
     # (bench/grpo_snr.py) N = 3 doubled the gradient's batch-to-batch agreement but learned no
     # faster than all K (RESULTS.md), so all K stays the default until the GPU A/B.
     ratio_transitions: int = 0
+    # Where the rollouts' exploration noise goes: "all" K denoising transitions are stochastic (the
+    # ratio is the whole chain's density), or "one", drawn uniformly per chunk, while the others
+    # are the deterministic ODE steps (RLinf's flow-SDE setting, joint_logprob=False: the rollouts
+    # stay close to the ODE policy, the ratio is one Gaussian transition, the update's recompute
+    # one velocity evaluation per chunk instead of K).
+    noisy_transitions: str = "all"
     # "sequence": every rollout weighs the same (GRPO's 1/|o_i|), so the long failed rollouts (30 chunks)
     # do not outweigh the short successful ones; "token": every chunk weighs the same.
     loss_agg: str = "sequence"
@@ -704,6 +710,12 @@ class GRPOConfig:
         if self.ratio_transitions < 0:
             raise ConfigError(f"grpo.ratio_transitions={self.ratio_transitions}: 0 (all K transitions) or N >= 1 "
                               "(the first N)")
+        if self.noisy_transitions not in ("all", "one"):
+            raise ConfigError(f"grpo.noisy_transitions={self.noisy_transitions!r}: all (every denoising transition "
+                              "stochastic) or one (one per chunk, the others ODE steps)")
+        if self.noisy_transitions == "one" and self.ratio_transitions:
+            raise ConfigError("grpo: ratio_transitions selects among K stochastic transitions; with "
+                              "noisy_transitions=one there is one, so leave ratio_transitions at 0")
         if self.logprob_reduce not in ("sum", "mean") or self.loss_agg not in ("sequence", "token"):
             raise ConfigError(f"grpo: logprob_reduce={self.logprob_reduce!r} (sum | mean), loss_agg={self.loss_agg!r} "
                               "(sequence | token)")

@@ -109,3 +109,29 @@ def test_flow_matching_time_and_loss():
     mask[1, 4:] = 0
     loss = flow_matching_loss(model, prefix, a, mask)
     assert loss.ndim == 0 and torch.isfinite(loss)
+
+
+def test_one_noisy_transition_is_the_ode_elsewhere(model_and_prefix):
+    """sde_sample(noisy=j): every transition but j is the Euler ODE step (density 0); with no
+    noise drawn at j the chunk is the ODE's, and the one density matches transition_log_prob."""
+    from wmrl.policy.sampling import transition_log_prob
+
+    model, prefix = model_and_prefix
+    b = prefix.shape[0]
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(b, model.cfg.chunk_size, model.cfg.action_dim, generator=g)
+    eps = torch.randn(b, K, model.cfg.chunk_size, model.cfg.action_dim, generator=g)
+    noisy = torch.arange(b) % K
+    out = sde_sample(model, prefix, K, 0.5, noise=x0, step_noise=eps, noisy=noisy)
+    per_step = out.element_log_probs.abs().sum(dim=(2, 3))
+    assert torch.all(per_step[torch.arange(b), noisy] > 0)
+    assert float(per_step.sum() - per_step[torch.arange(b), noisy].sum()) == 0.0
+    ts = timesteps(K)
+    with torch.no_grad():
+        for i in range(K):  # every transition but the noisy one is the Euler step
+            euler = out.chain[:, i] - model.velocity(prefix, out.chain[:, i], ts[i]).float() / K
+            same = (out.chain[:, i + 1] - euler).abs().amax(dim=(1, 2)) < 1e-5
+            assert torch.equal(same, noisy != i)
+    with torch.no_grad():
+        lp = transition_log_prob(model, prefix, out.chain, noisy, 0.5)
+    torch.testing.assert_close(lp, out.element_log_probs[torch.arange(b), noisy], rtol=0, atol=1e-4)

@@ -15,8 +15,9 @@ from tests.rl.conftest import TINY, add_pair, tiny_grpo_job
 
 
 # ------------------------------------------------------------------------------ the update's algebra
-def _policy_and_batch(sft_run, n=6):
-    """The tiny supervised policy and a batch of chains it sampled itself."""
+def _policy_and_batch(sft_run, n=6, cfg=TINY.grpo):
+    """The tiny supervised policy and a batch of chains it sampled itself (with ``cfg``'s noisy
+    transitions)."""
     from wmrl.policy.sampling import sde_sample
     from wmrl.rl.envs import ObsBatch
 
@@ -29,14 +30,14 @@ def _policy_and_batch(sft_run, n=6):
                    wrist=torch.randint(0, 255, (n, 64, 64, 3), generator=g, dtype=torch.uint8),
                    proprio=torch.randn(n, 8, generator=g), instructions=[TASK0] * n, rollout=list(range(n)),
                    chunk=[0] * n)
-    cfg = TINY.grpo
     with torch.no_grad():
         prefix = grpo.encode(model, norm, loaded.lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
-        x0, eps = grpo.chunk_noise(0, 1, obs.rollout, obs.chunk, model.cfg.denoise_steps, 8, 7, "cpu")
+        x0, eps, noisy = grpo.chunk_noise(0, 1, obs.rollout, obs.chunk, model.cfg.denoise_steps, 8, 7, "cpu")
+        noisy = noisy if cfg.noisy_transitions == "one" else None
         s = sde_sample(model, prefix, model.cfg.denoise_steps, cfg.noise_level, temperature=cfg.temperature,
-                       noise=x0, step_noise=eps)
+                       noise=x0, step_noise=eps, noisy=noisy)
     buf = grpo.Rollouts()
-    buf.add(obs, s.chain, grpo.reduce_steps(s.element_log_probs, TINY.grpo))
+    buf.add(obs, s.chain, grpo.sampled_log_prob(s.element_log_probs, noisy, cfg), noisy)
     return model, loaded, buf.tensors()
 
 
@@ -45,6 +46,28 @@ def test_recomputed_log_prob_of_a_stored_chain_equals_the_sampled_one(sft_run):
     with torch.no_grad():
         lp = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), TINY.grpo)
     torch.testing.assert_close(lp, batch["old_lp"], rtol=0, atol=1e-4)
+
+
+def test_one_noisy_transition_recomputes_exactly_and_needs_one_forward_per_chunk(sft_run):
+    """noisy_transitions="one": the stored log-density is the chunk's one noisy transition's,
+    and its recompute (one velocity evaluation per chunk) equals it for the unchanged policy."""
+    from wmrl.config import override
+
+    cfg = override(TINY.grpo, noisy_transitions="one")
+    model, loaded, batch = _policy_and_batch(sft_run, cfg=cfg)
+    k = model.cfg.denoise_steps
+    assert batch["noisy"].min() >= 0 and batch["noisy"].max() < k and len(batch["noisy"].unique()) > 1
+    calls = []
+    hook = model.time_mlp.register_forward_hook(lambda m, i, o: calls.append(len(i[0])))
+    with torch.no_grad():
+        lp = grpo.element_log_prob(model, loaded.norm.tensors(), loaded.lang, batch, torch.arange(6), cfg)
+    hook.remove()
+    assert calls == [6]  # one batched velocity for 6 chunks (all K transitions: 6 x K)
+    torch.testing.assert_close(lp, batch["old_lp"], rtol=0, atol=1e-4)
+    with pytest.raises(Exception, match="noisy_transitions"):
+        override(TINY.grpo, noisy_transitions="some")
+    with pytest.raises(Exception, match="ratio_transitions"):
+        override(TINY.grpo, noisy_transitions="one", ratio_transitions=2)
 
 
 def test_the_ratio_can_keep_only_the_first_transitions(sft_run):
@@ -201,14 +224,17 @@ class ToyReach:
         pass
 
 
-def test_grpo_raises_the_success_of_a_toy_task(sft_run):
-    """The algorithm end to end on a task it can solve: from ~50% of episodes, 25 GRPO steps
-    push the policy's x command up and the success rate with it."""
+@pytest.mark.parametrize("noisy", ["all", "one"])
+def test_grpo_raises_the_success_of_a_toy_task(sft_run, noisy):
+    """The algorithm end to end on a task it can solve: from ~20% of chunks, 25 GRPO steps
+    push the policy's x command up and the success rate with it, with the exploration noise in
+    every denoising transition or in one per chunk."""
     from wmrl.config import override
 
     loaded = ck.load_checkpoint(ck.step_dir(sft_run, 10, "sft"))
     model = loaded.build_model()
-    cfg = override(TINY.grpo, group_size=8, groups=4, minibatches=2, lr=3e-3, target_kl=0.0, desired_kl=0.0)
+    cfg = override(TINY.grpo, group_size=8, groups=4, minibatches=2, lr=3e-3, target_kl=0.0, desired_kl=0.0,
+                   noisy_transitions=noisy)
     learner = grpo.Learner(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0),
                            loaded.norm.tensors(), loaded.lang, cfg, torch.device("cpu"),
                            torch.autocast("cpu", enabled=False))

@@ -29,6 +29,12 @@ The log-probability of a sampled chunk is that of its whole trajectory given x_0
 marginal density of x_K alone is intractable; the PPO ratio of the chain is what Flow-GRPO
 and RLinf optimise). ``chain_log_prob`` recomputes it, differentiably, for stored chains.
 
+One noisy transition (RLinf's ``joint_logprob=False``, its recommended flow-SDE setting):
+``noisy`` (B,) names, per sample, the one transition that is stochastic; every other one is
+the Euler ODE step (the flow-SDE step with sigma = 0) and has no density. The chunk then stays
+close to the deterministic policy's, and the PPO ratio is that one transition's density
+(``transition_log_prob``: one velocity evaluation per chunk instead of K).
+
 ``temperature`` multiplies every SDE transition std (mean unchanged; the initial noise stays
 N(0, I)); it is 1 for training rollouts and ``PolicyConfig.temperature_eval`` (1.6, the
 original's) for stochastic evaluation. Log-probs are those of the tempered transitions.
@@ -102,11 +108,14 @@ def ode_sample(model, prefix: torch.Tensor, k: int, noise: torch.Tensor | None =
 
 @torch.no_grad()
 def sde_sample(model, prefix: torch.Tensor, k: int, noise_level: float, *, temperature: float = 1.0,
-               noise: torch.Tensor | None = None, step_noise: torch.Tensor | None = None) -> SDESample:
+               noise: torch.Tensor | None = None, step_noise: torch.Tensor | None = None,
+               noisy: torch.Tensor | None = None) -> SDESample:
     """Flow-SDE sampling with the trajectory and its exact log-probability.
 
     ``noise`` (B, chunk, A) is x_0 and ``step_noise`` (B, K, chunk, A) the per-transition
-    eps; both default to fresh draws from torch's global generator."""
+    eps; both default to fresh draws from torch's global generator. ``noisy`` (B,): the one
+    stochastic transition of each sample (the others are ODE steps, log-density 0); None:
+    all K are stochastic."""
     cfg = model.cfg
     b, dev = prefix.shape[0], prefix.device
     shape = (b, cfg.chunk_size, cfg.action_dim)
@@ -117,12 +126,12 @@ def sde_sample(model, prefix: torch.Tensor, k: int, noise_level: float, *, tempe
     chain, logps = [x], []
     for i in range(k):
         v = model.velocity(prefix, x, ts[i]).float()
-        mean, std = sde_step_stats(x, v, ts[i], sig[i], delta, temperature)
+        s_i = sig[i] if noisy is None else sig[i] * (noisy.to(dev) == i).float()[:, None, None]
+        mean, std = sde_step_stats(x, v, ts[i], s_i, delta, temperature)
+        std = torch.as_tensor(std, device=dev).expand_as(x)
         x = mean + std * eps[:, i]
-        if float(std) > 0:
-            logps.append(gaussian_log_prob(x, mean, std.expand_as(x)))
-        else:
-            logps.append(torch.zeros_like(x))
+        stochastic = std > 0
+        logps.append(torch.where(stochastic, gaussian_log_prob(x, mean, torch.where(stochastic, std, 1.0)), 0.0))
         chain.append(x)
     elem = torch.stack(logps, dim=1)
     step = elem.sum(dim=(2, 3))
@@ -158,3 +167,25 @@ def chain_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, noise_level
         lp = lp * dims_mask.repeat_interleave(k, dim=0).to(lp.dtype)
     step = lp.sum(dim=(1, 2)).view(b, k)
     return (step.sum(1), step) if return_steps else step.sum(1)
+
+
+def transition_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, index: torch.Tensor, noise_level: float,
+                        *, temperature: float = 1.0) -> torch.Tensor:
+    """Log-density (B, chunk, A) of one stored transition per chain, ``chain[b, index[b]] ->
+    chain[b, index[b] + 1]``, under the current parameters (differentiable): the ratio of
+    chunks sampled with one noisy transition (``sde_sample(noisy=...)``). One velocity
+    evaluation per chain."""
+    b, k1 = chain.shape[:2]
+    k = k1 - 1
+    if noise_level * temperature <= 0:
+        raise ValueError("transition_log_prob needs noise_level > 0 and temperature > 0 (the ODE has no density)")
+    index = index.to(chain.device).long()
+    if bool((index < 0).any()) or bool((index >= k).any()):
+        raise ValueError(f"transition indices must lie in [0, {k - 1}] for chains of {k} transitions")
+    rows = torch.arange(b, device=chain.device)
+    x, y = chain[rows, index].float(), chain[rows, index + 1].float()
+    ts, sig = timesteps(k, chain.device), sde_sigmas(k, noise_level, chain.device)
+    t = ts[index]
+    v = model.velocity(prefix, x, t).float()
+    mean, std = sde_step_stats(x, v, t[:, None, None], sig[index][:, None, None], 1.0 / k, temperature)
+    return gaussian_log_prob(y, mean, std.expand_as(y))

@@ -5,8 +5,10 @@ Read top to bottom; one GRPO step is
     1. starts    ``groups`` start states (seeded random placements, or keyframes of real
                  trajectories in the model pair); each is shared by the ``group_size``
                  rollouts of its group
-    2. rollouts  every chunk is sampled with the flow-SDE (noise level 0.5, temperature 1);
-                 its denoising chain x_0 .. x_K and the chain's log-density are kept
+    2. rollouts  every chunk is sampled with the flow-SDE (noise level 0.5, temperature 1),
+                 in all K denoising transitions or, with ``noisy_transitions="one"`` (RLinf's
+                 flow-SDE setting), in one of them drawn per chunk, the others ODE steps;
+                 its denoising chain x_0 .. x_K and the log-densities are kept
                  (``wmrl.policy.sampling``); the controller executes the chunk (gripper
                  snapped to -1/0/+1); a rollout ends at success (success-once) or after
                  ``max_chunks``
@@ -18,7 +20,8 @@ Read top to bottom; one GRPO step is
                  action element (chunk position x action dimension) the ratio
                  exp(log p_new - log p_old), log p summed over the K transitions (the joint
                  density of the element's chain; ``ratio_transitions`` keeps only the first,
-                 noisiest ones), enters the PPO-clipped surrogate
+                 noisiest ones; with one noisy transition, that transition's), enters the
+                 PPO-clipped surrogate
                  -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over a chunk's elements and
                  then over rollouts (each rollout weighs the same); optional KL to the policy
                  GRPO started from (k3 estimator, off by default); gradient clipping;
@@ -143,16 +146,18 @@ def plan(job: GRPOJob) -> dict:
 
 # =========================================================================== the policy side
 def chunk_noise(seed: int, step: int, rollouts: list[int], chunks: list[int], k: int, chunk: int, dim: int, device):
-    """The flow-SDE's x_0 and per-transition noise for each (rollout, chunk): a function of
+    """The flow-SDE's x_0, per-transition noise and noisy transition (for
+    ``noisy_transitions="one"``, uniform over the K) for each (rollout, chunk): a function of
     (seed, step, rollout, chunk) alone, so batching and resuming never change a sample."""
     from wmrl.rl.envs import derived_seed
 
-    x0, eps = [], []
+    x0, eps, noisy = [], [], []
     for r, c in zip(rollouts, chunks):
         g = torch.Generator().manual_seed(derived_seed(seed, step, r, c))
         x0.append(torch.randn((chunk, dim), generator=g))
         eps.append(torch.randn((k, chunk, dim), generator=g))
-    return torch.stack(x0).to(device), torch.stack(eps).to(device)
+        noisy.append(torch.randint(k, (), generator=g))
+    return torch.stack(x0).to(device), torch.stack(eps).to(device), torch.stack(noisy).to(device)
 
 
 def encode(model, norm, lang, main, wrist, proprio, instructions):
@@ -170,11 +175,14 @@ class Rollouts:
 
     def __init__(self):
         self.parts: dict[str, list] = {k: [] for k in ("main", "wrist", "proprio", "instructions", "chain", "old_lp",
-                                                       "rollout", "chunk")}
+                                                       "noisy", "rollout", "chunk")}
 
-    def add(self, obs, chain, old_lp) -> None:
+    def add(self, obs, chain, old_lp, noisy: torch.Tensor | None = None) -> None:
+        """``noisy`` (B,): each chunk's one stochastic transition (None: all were; stored as -1)."""
+        if noisy is None:
+            noisy = torch.full((len(chain),), -1, dtype=torch.long, device=chain.device)
         for k, v in (("main", obs.main), ("wrist", obs.wrist), ("proprio", obs.proprio), ("chain", chain),
-                     ("old_lp", old_lp), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
+                     ("old_lp", old_lp), ("noisy", noisy), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
                      ("chunk", torch.tensor(obs.chunk, device=chain.device))):
             self.parts[k].append(v)
         self.parts["instructions"].extend(obs.instructions)
@@ -244,13 +252,24 @@ def reduce_steps(step_lp: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
     return step_lp.sum(dim=1) if cfg.logprob_reduce == "sum" else step_lp.mean(dim=1)
 
 
+def sampled_log_prob(step_lp: torch.Tensor, noisy: torch.Tensor | None, cfg: GRPOConfig) -> torch.Tensor:
+    """The log-density a sampled chunk enters the ratio with, (B, chunk, A): its one noisy
+    transition's, or the K transitions reduced by ``reduce_steps``."""
+    if cfg.noisy_transitions == "one":
+        return step_lp[torch.arange(len(step_lp), device=step_lp.device), noisy]
+    return reduce_steps(step_lp, cfg)
+
+
 def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
     """log p of the stored chains of rows ``idx`` under ``model``: (b, chunk, A), the K denoising
-    transitions reduced by ``cfg.logprob_reduce``."""
-    from wmrl.policy.sampling import chain_log_prob
+    transitions reduced by ``cfg.logprob_reduce``, or the one noisy transition's."""
+    from wmrl.policy.sampling import chain_log_prob, transition_log_prob
 
     prefix = encode(model, norm, lang, batch["main"][idx], batch["wrist"][idx], batch["proprio"][idx],
                     [batch["instructions"][i] for i in idx.tolist()])
+    if cfg.noisy_transitions == "one":
+        return transition_log_prob(model, prefix, batch["chain"][idx], batch["noisy"][idx], cfg.noise_level,
+                                   temperature=cfg.temperature)
     lp = chain_log_prob(model, prefix, batch["chain"][idx], cfg.noise_level, temperature=cfg.temperature,
                         elementwise=True)
     return reduce_steps(lp, cfg)
@@ -387,9 +406,11 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
     def act(obs):  # the policy acts wherever observations are ready; chains are kept
         with torch.no_grad(), L.autocast:
             prefix = encode(L.model, L.norm, L.lang, obs.main, obs.wrist, obs.proprio, obs.instructions)
-            x0, eps = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, L.device)
-            s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps)
-        buf.add(obs, s.chain, reduce_steps(s.element_log_probs, cfg))
+            x0, eps, noisy = chunk_noise(cfg.seed, step, obs.rollout, obs.chunk, k, chunk, adim, L.device)
+            noisy = noisy if cfg.noisy_transitions == "one" else None
+            s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps,
+                           noisy=noisy)
+        buf.add(obs, s.chain, sampled_log_prob(s.element_log_probs, noisy, cfg), noisy)
         return to_controller(s.actions * L.norm["a_s"] + L.norm["a_c"], L.model.cfg.gripper_deadband)
 
     t0 = time.perf_counter()
