@@ -10,7 +10,7 @@ returns only a few files).
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
-                               ROLLOUT_PHYSICS=lean EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
+                               ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)

@@ -673,11 +673,12 @@ class GRPOConfig:
     seed: int = 0
     bf16: bool = True  # autocast on GPU
     # The control-step loop of the real simulator's training rollouts (SimConfig.train_physics;
-    # "" = the evaluations' SimConfig.physics). "lean" skips the controller's redundant forward
-    # pass: 1.4x faster physics per step on the CPU (bench/physics_passes.py), and on the H200
-    # host GRPO's rollouts run at 94% of physics alone; what that buys there is not measured yet
-    # (on the 2-core CPU env builds dominate a step and it bought nothing measurable)
-    rollout_physics: str = ""
+    # "" = the evaluations' SimConfig.physics, which the fixed evaluation states always keep).
+    # "lean" skips the controller's redundant forward pass (bench/physics_passes.py: 1.4x less
+    # physics per step, trajectories within solver tolerance of robosuite's). GRPO-shaped rollout
+    # steps on the H200 host, 16 workers, both orders: 393 -> 557 and 419 -> 506 env steps/s
+    # (1.42x, 1.21x; bench/RESULTS.md), i.e. that many more episodes per minute of GRPO.
+    rollout_physics: str = "lean"
     # Imagination only: a keyframe is a real boundary frame this many chunks or fewer into its
     # episode (0: episode starts only), never one where the goal already holds.
     keyframe_max_chunk: int = 8
