@@ -23,6 +23,12 @@ normalised in the batch. Reported per N:
 * ``learning``: success before and after ``--train-steps`` Adam steps of the plain policy
   gradient from the same policy with the same sampling noise, per N: what the trade buys.
 
+``--one``: the same for ``noisy_transitions="one"`` (one stochastic transition per chunk, drawn
+uniformly, the others ODE steps; the ratio is that transition's density) as the row ``one``:
+its own batches, so its cosine and SNR compare directly; its alignment is with the all-K
+estimate of the all-K sampler (a different sampling distribution, so read it loosely); its
+success is counted with its own sampler and, for both, with the ODE (``success_ode_*``).
+
 The reward here is a smooth function of the final action, the case where every transition's
 noise moves the action about as far as its std; LIBERO's success is not smooth, so this is a
 direction for the GPU measurement, not a replacement for it.
@@ -48,6 +54,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-steps", type=int, default=20, help="policy-gradient steps per N afterwards (Adam)")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--one", action="store_true", help="add the one-noisy-transition mode as a row")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -55,7 +62,7 @@ def main() -> None:
 
     from wmrl.config import get_profile, override
     from wmrl.policy.model import FlowPolicy
-    from wmrl.policy.sampling import chain_log_prob, sde_sample
+    from wmrl.policy.sampling import chain_log_prob, ode_sample, sde_sample, transition_log_prob
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -95,31 +102,48 @@ def main() -> None:
         steps = chain_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain, noise_level, elementwise=True)
         return adv, steps.sum(dim=(2, 3))
 
+    def batch_one():
+        """A batch with one noisy transition per sample: advantages (B,) and that transition's log p (B, 1)."""
+        noisy = torch.randint(k, (args.group,))
+        with torch.no_grad():
+            s = sde_sample(policy, prefix.expand(args.group, -1, -1), k, noise_level, noisy=noisy)
+            r = (s.actions[:, :, 0].mean(1) > threshold).float()
+            adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+        lp = transition_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain, noisy, noise_level)
+        return adv, lp.sum(dim=(1, 2))[:, None]
+
     def first(per_step, n):  # log p over the first n transitions (0: all K)
         return per_step[:, :n].sum(1) if n else per_step.sum(1)
 
+    ONE = -1  # the row of noisy_transitions="one" (its own batches)
+
     # 2. the same batches, every N: policy-gradient estimates at ratio 1
     ns = [int(x) for x in args.transitions.split(",")]
-    grads: dict[int, list[torch.Tensor]] = {n: [] for n in ns}
+    grads: dict[int, list[torch.Tensor]] = {n: [] for n in ns + [ONE]}
+
+    def flat(g):
+        return torch.cat([(x if x is not None else torch.zeros_like(q)).flatten() for x, q in zip(g, params)])
+
     t0 = time.perf_counter()
     for _ in range(args.batches):
         adv, per_step = batch()
         for n in ns:
             lp = first(per_step, n)
-            g = torch.autograd.grad((adv * lp).mean(), params, retain_graph=True, allow_unused=True)
-            grads[n].append(torch.cat([(x if x is not None else torch.zeros_like(q)).flatten()
-                                       for x, q in zip(g, params)]))
+            grads[n].append(flat(torch.autograd.grad((adv * lp).mean(), params, retain_graph=True, allow_unused=True)))
+        if args.one:
+            adv, lp = batch_one()
+            grads[ONE].append(flat(torch.autograd.grad((adv * lp[:, 0]).mean(), params, allow_unused=True)))
     seconds = time.perf_counter() - t0
 
     rows = []
-    for n in ns:
+    for n in ns + ([ONE] if args.one else []):
         G = torch.stack(grads[n])  # (batches, params)
         unit = G / G.norm(dim=1, keepdim=True)
         cos = unit @ unit.T
         off = cos[~torch.eye(len(G), dtype=torch.bool)]
         mean, var = G.mean(0), G.var(0, unbiased=True)
         full = torch.stack(grads[ns[-1]]).mean(0) if ns[-1] == 0 else None
-        row = {"transitions": n or k, "all": n == 0, "cosine": round(float(off.mean()), 4),
+        row = {"transitions": "one" if n == ONE else (n or k), "all": n == 0, "cosine": round(float(off.mean()), 4),
                "snr_one_batch": round(float(mean.norm() / var.sum().sqrt()), 4)}
         if full is not None:  # does the partial estimate point where the exact one does, on average?
             row["alignment_with_all"] = round(float(mean @ full / (mean.norm() * full.norm())), 4)
@@ -129,24 +153,31 @@ def main() -> None:
 
     start = copy.deepcopy(policy.state_dict())
 
-    def success(model, n=2048):
+    def success(model, n=2048, sampler="all"):
         with torch.no_grad():
-            a = sde_sample(model, prefix.expand(n, -1, -1), k, noise_level).actions
+            pre = prefix.expand(n, -1, -1)
+            if sampler == "ode":
+                a = ode_sample(model, pre, k)
+            else:
+                a = sde_sample(model, pre, k, noise_level, noisy=torch.randint(k, (n,)) if sampler == "one" else None).actions
         return float((a[:, :, 0].mean(1) > threshold).float().mean())
 
     learning = []
-    for n in ns:
+    for n in ns + ([ONE] if args.one else []):
         policy.load_state_dict(start)
         torch.manual_seed(args.seed + 1)  # the same sampling noise for every N
         opt = torch.optim.Adam(params, lr=args.lr)
-        before = success(policy)
+        own = "one" if n == ONE else "all"
+        before, before_ode = success(policy, sampler=own), success(policy, sampler="ode")
         for _ in range(args.train_steps):
-            adv, per_step = batch()
+            adv, per_step = batch_one() if n == ONE else batch()
             opt.zero_grad()
-            (-(adv * first(per_step, n)).mean()).backward()
+            (-(adv * (per_step[:, 0] if n == ONE else first(per_step, n))).mean()).backward()
             opt.step()
-        learning.append({"transitions": n or k, "success_before": round(before, 4),
-                         "success_after": round(success(policy), 4)})
+        learning.append({"transitions": "one" if n == ONE else (n or k), "success_before": round(before, 4),
+                         "success_after": round(success(policy, sampler=own), 4),
+                         "success_ode_before": round(before_ode, 4),
+                         "success_ode_after": round(success(policy, sampler="ode"), 4)})
     sigmas = [round(float(x), 4) for x in (noise_level * (torch.linspace(1, 0, k + 1)[:-1] /
                                                          (1 - torch.linspace(1, 0, k + 1)[:-1]).clamp(min=1 / k)).sqrt()
                                            * (1 / k) ** 0.5)]
