@@ -103,14 +103,14 @@ def main() -> None:
         return adv, steps.sum(dim=(2, 3))
 
     def batch_one():
-        """A batch with one noisy transition per sample: advantages (B,) and that transition's log p (B, 1)."""
+        """A batch with one noisy transition per sample: advantages (B,) and that transition's log p (B,)."""
         noisy = torch.randint(k, (args.group,))
         with torch.no_grad():
             s = sde_sample(policy, prefix.expand(args.group, -1, -1), k, noise_level, noisy=noisy)
             r = (s.actions[:, :, 0].mean(1) > threshold).float()
             adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
         lp = transition_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain, noisy, noise_level)
-        return adv, lp.sum(dim=(1, 2))[:, None]
+        return adv, lp.sum(dim=(1, 2))
 
     def first(per_step, n):  # log p over the first n transitions (0: all K)
         return per_step[:, :n].sum(1) if n else per_step.sum(1)
@@ -132,7 +132,7 @@ def main() -> None:
             grads[n].append(flat(torch.autograd.grad((adv * lp).mean(), params, retain_graph=True, allow_unused=True)))
         if args.one:
             adv, lp = batch_one()
-            grads[ONE].append(flat(torch.autograd.grad((adv * lp[:, 0]).mean(), params, allow_unused=True)))
+            grads[ONE].append(flat(torch.autograd.grad((adv * lp).mean(), params, allow_unused=True)))
     seconds = time.perf_counter() - t0
 
     rows = []
@@ -170,9 +170,13 @@ def main() -> None:
         own = "one" if n == ONE else "all"
         before, before_ode = success(policy, sampler=own), success(policy, sampler="ode")
         for _ in range(args.train_steps):
-            adv, per_step = batch_one() if n == ONE else batch()
+            if n == ONE:
+                adv, lp = batch_one()
+            else:
+                adv, per_step = batch()
+                lp = first(per_step, n)
             opt.zero_grad()
-            (-(adv * (per_step[:, 0] if n == ONE else first(per_step, n))).mean()).backward()
+            (-(adv * lp).mean()).backward()
             opt.step()
         learning.append({"transitions": "one" if n == ONE else (n or k), "success_before": round(before, 4),
                          "success_after": round(success(policy, sampler=own), 4),

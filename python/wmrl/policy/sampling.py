@@ -138,6 +138,20 @@ def sde_sample(model, prefix: torch.Tensor, k: int, noise_level: float, *, tempe
     return SDESample(x, torch.stack(chain, dim=1), step.sum(1), step, elem)
 
 
+def transition_densities(model, prefix: torch.Tensor, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, k: int,
+                         noise_level: float, temperature: float = 1.0) -> torch.Tensor:
+    """Elementwise log-density (N, chunk, A) of N stored flow-SDE transitions ``x -> y``, the
+    i-th being transition ``index[i]`` of K and conditioned on ``prefix[i]``, under the current
+    parameters (differentiable); one batched velocity evaluation."""
+    if noise_level * temperature <= 0:
+        raise ValueError("the flow-SDE log-density needs noise_level > 0 and temperature > 0 (the ODE has none)")
+    ts, sig = timesteps(k, x.device), sde_sigmas(k, noise_level, x.device)
+    t = ts[index]
+    v = model.velocity(prefix, x, t).float()
+    mean, std = sde_step_stats(x, v, t[:, None, None], sig[index][:, None, None], 1.0 / k, temperature)
+    return gaussian_log_prob(y, mean, std.expand_as(y))
+
+
 def chain_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, noise_level: float, *,
                    temperature: float = 1.0, dims_mask: torch.Tensor | None = None,
                    return_steps: bool = False, elementwise: bool = False):
@@ -148,19 +162,10 @@ def chain_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, noise_level
     log-densities instead (GRPO's per-element ratios)."""
     b, k1 = chain.shape[:2]
     k = k1 - 1
-    if noise_level * temperature <= 0:
-        raise ValueError("chain_log_prob needs noise_level > 0 and temperature > 0 (the ODE has no density)")
-    dev = chain.device
-    ts, sig = timesteps(k, dev), sde_sigmas(k, noise_level, dev)
     x = chain[:, :-1].reshape(b * k, *chain.shape[2:]).float()
     y = chain[:, 1:].reshape(b * k, *chain.shape[2:]).float()
-    t = ts[:-1].repeat(b)  # (B*K,) in (b, i) order
-    pre = prefix.repeat_interleave(k, dim=0)
-    v = model.velocity(pre, x, t).float()
-    tt = t[:, None, None]
-    s = sig.repeat(b)[:, None, None]
-    mean, std = sde_step_stats(x, v, tt, s, 1.0 / k, temperature)
-    lp = gaussian_log_prob(y, mean, std.expand_as(y))
+    index = torch.arange(k, device=chain.device).repeat(b)  # (B*K,) in (b, i) order
+    lp = transition_densities(model, prefix.repeat_interleave(k, dim=0), x, y, index, k, noise_level, temperature)
     if elementwise:
         return lp.view(b, k, *chain.shape[2:])
     if dims_mask is not None:
@@ -175,17 +180,10 @@ def transition_log_prob(model, prefix: torch.Tensor, chain: torch.Tensor, index:
     chain[b, index[b] + 1]``, under the current parameters (differentiable): the ratio of
     chunks sampled with one noisy transition (``sde_sample(noisy=...)``). One velocity
     evaluation per chain."""
-    b, k1 = chain.shape[:2]
-    k = k1 - 1
-    if noise_level * temperature <= 0:
-        raise ValueError("transition_log_prob needs noise_level > 0 and temperature > 0 (the ODE has no density)")
+    b, k = chain.shape[0], chain.shape[1] - 1
     index = index.to(chain.device).long()
     if bool((index < 0).any()) or bool((index >= k).any()):
         raise ValueError(f"transition indices must lie in [0, {k - 1}] for chains of {k} transitions")
     rows = torch.arange(b, device=chain.device)
-    x, y = chain[rows, index].float(), chain[rows, index + 1].float()
-    ts, sig = timesteps(k, chain.device), sde_sigmas(k, noise_level, chain.device)
-    t = ts[index]
-    v = model.velocity(prefix, x, t).float()
-    mean, std = sde_step_stats(x, v, t[:, None, None], sig[index][:, None, None], 1.0 / k, temperature)
-    return gaussian_log_prob(y, mean, std.expand_as(y))
+    return transition_densities(model, prefix, chain[rows, index].float(), chain[rows, index + 1].float(), index, k,
+                                noise_level, temperature)
