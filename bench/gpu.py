@@ -8,6 +8,8 @@ returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
+    python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 ...
+                               (a carried policy instead of learn: carry .offline/policy; bench/policy_pack.py)
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
@@ -116,7 +118,7 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
-                                                                  "bench/wm_probe.py", "wm_eval.py"):
+                                                                  "bench/policy_pack.py", "bench/wm_probe.py", "wm_eval.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -168,6 +170,16 @@ def phase_learn(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
     demos_and_sft(run, v.get("WORKERS", str(os.cpu_count())), v, env, v.get("STEPS", "4000"))
     pack(Path(run), "learn")
+
+
+def phase_unpack(v: dict, env: dict) -> None:
+    """A carried policy (POLICY_PACK=.offline/policy/x.tar.xz, bench/policy_pack.py) as RUN's supervised
+    checkpoint, instead of demonstrations and SFT: ~400 s of the session saved, and every run starts
+    from the same policy. Does nothing when it is already unpacked."""
+    if "POLICY_PACK" not in v:
+        sys.exit("error: unpack needs POLICY_PACK=<a .tar.xz from bench/policy_pack.py pack>")
+    if stage("unpack", "bench/policy_pack.py", ["unpack", v["POLICY_PACK"], v.get("RUN", "runs/h200")], env):
+        sys.exit(1)
 
 
 def phase_eval(v: dict, env: dict) -> None:
@@ -381,8 +393,8 @@ def phase_bimanual(v: dict, env: dict) -> None:
     pack(Path(run), "bimanual")
 
 
-PHASES = {"learn": phase_learn, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm, "rank": phase_rank,
-          "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
+PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
+          "rank": phase_rank, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
           "distill": phase_distill,
           "bimanual": phase_bimanual}
 

@@ -1,0 +1,122 @@
+"""A policy checkpoint packed small enough to travel: half-precision weights in one .tar.xz.
+
+A float32 checkpoint of the default policy is 45 MB; the lent GPU machine takes 64 MiB with
+each call, of which the simulator's offline bundle needs 39. Packed in float16 and xz it is
+19 MiB, so a supervised policy trained once can be carried to later GPU runs instead of being
+trained again (demonstrations and SFT are ~400 s of a 30-minute session), and every run
+starts from the *same* policy (two SFT runs of one recipe differed by 6 points).
+
+float16 keeps 11 significant bits: inference runs under bf16 autocast (8 bits), so the packed
+policy's matrix products are the original's; LayerNorm and the fp32 parts see a relative
+change below 5e-4. bfloat16 packs to 15 MiB but rounds what fp16 keeps (choose with ``dtype``).
+
+    pack_checkpoint(ckpt_dir, "policy.tar.xz")             # hash-verified read, atomic write
+    unpack_checkpoint("policy.tar.xz", RUN, kind="sft")    # a normal checkpoint in RUN/weights/sft
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import lzma
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+from wmrl.fileio import atomic_path
+from wmrl.policy.checkpoint import NORM_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from wmrl.policy.language import CACHE_FILE, LanguageCache
+from wmrl.policy.normalize import NormStats
+
+PACK_FORMAT = "wmrl-policy-pack/1"
+WEIGHTS = "weights.safetensors"
+META = "pack.json"
+DTYPES = ("float16", "bfloat16")
+
+
+def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float16") -> dict:
+    """Write checkpoint folder ``ckpt`` (weights only; optimizer state is left out) to ``out``
+    (.tar.xz); returns the pack's metadata."""
+    import torch
+    from safetensors.torch import save
+
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    loaded = load_checkpoint(ckpt)  # every file's SHA-256 checked first
+    target = getattr(torch, dtype)
+    if dtype == "float16":
+        big = max(float(v.abs().max()) for v in loaded.weights.values() if v.is_floating_point())
+        if big > 6e4:
+            raise CheckpointError(f"{ckpt}: a weight of {big:.3g} overflows float16; pack with dtype=bfloat16")
+    weights = save({k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in loaded.weights.items()})
+    meta = {"format": PACK_FORMAT, "dtype": dtype, "source": str(Path(ckpt).resolve()),
+            "source_model_sha256": loaded.meta["files"]["model.safetensors"],
+            "weights_sha256": hashlib.sha256(weights).hexdigest(), "config": loaded.meta}
+    members = {WEIGHTS: weights, META: json.dumps(meta, indent=1).encode(),
+               NORM_FILE: (Path(ckpt) / NORM_FILE).read_bytes(), CACHE_FILE: (Path(ckpt) / CACHE_FILE).read_bytes()}
+    with atomic_path(out) as tmp:
+        with tarfile.open(tmp, "w:xz", preset=6) as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return meta
+
+
+def read_pack(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
+    """(metadata, members) of a pack, its weights checked against their recorded hash."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such policy pack (make one with bench/policy_pack.py pack)")
+    try:
+        with tarfile.open(path, "r:xz") as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable policy pack ({e}); copy it again") from None
+    missing = [n for n in (WEIGHTS, META, NORM_FILE, CACHE_FILE) if n not in members]
+    if missing:
+        raise CheckpointError(f"{path}: not a policy pack (missing {', '.join(missing)})")
+    meta = json.loads(members[META])
+    if meta.get("format") != PACK_FORMAT:
+        raise CheckpointError(f"{path}: pack format {meta.get('format')!r}, expected {PACK_FORMAT!r}")
+    if hashlib.sha256(members[WEIGHTS]).hexdigest() != meta["weights_sha256"]:
+        raise CheckpointError(f"{path}: its weights do not match their recorded SHA-256 (damaged copy); copy it again")
+    return meta, members
+
+
+def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: str = "sft",
+                      step: int | None = None) -> Path:
+    """Write the pack as a weights-only checkpoint RUN/weights/<kind>/global_step_<step>
+    (float32 again; ``step``: the packed checkpoint's own by default). Rerunning it with the
+    same pack does nothing; a different checkpoint already there is refused."""
+    import torch
+    from safetensors.torch import load
+
+    from wmrl.layout import RunLayout
+    from wmrl.policy.checkpoint import policy_config_from
+    from wmrl.policy.model import FlowPolicy
+
+    meta, members = read_pack(path)
+    src = meta["config"]
+    step = int(src.get("step", 0) if step is None else step)
+    dest = RunLayout(run).checkpoint(step, kind)
+    if dest.exists():
+        if load_checkpoint(dest).meta.get("unpacked_from", {}).get("weights_sha256") == meta["weights_sha256"]:
+            return dest  # this pack, already unpacked
+        raise CheckpointError(f"{dest} exists and is not this pack's checkpoint; unpack into another RUN")
+    cfg = policy_config_from(src.get("policy", {}), f"{path}:{META}")
+    model = FlowPolicy(cfg)
+    weights = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in load(members[WEIGHTS]).items()}
+    model.load_state_dict(weights)
+    with tempfile.TemporaryDirectory() as work:  # the two loaders read files
+        for name in (NORM_FILE, CACHE_FILE):
+            (Path(work) / name).write_bytes(members[name])
+        norm = NormStats.load(Path(work) / NORM_FILE, action_dim=cfg.action_dim, proprio_dim=cfg.proprio_dim)
+        lang = LanguageCache.load(Path(work) / CACHE_FILE)
+    provenance = {"pack": Path(path).name, "dtype": meta["dtype"], "weights_sha256": meta["weights_sha256"],
+                  "source": meta["source"], "source_model_sha256": meta["source_model_sha256"],
+                  "source_kind": src.get("sft_kind", kind), "source_step": src.get("step")}
+    return save_checkpoint(dest, model, step=step, image_size=int(src.get("image_size", 0)), norm=norm, lang=lang,
+                           extra={"unpacked_from": provenance})

@@ -1,0 +1,56 @@
+"""A policy packed in half precision and unpacked again: same architecture and statistics,
+weights within half precision's rounding, a normal hash-checked checkpoint; damaged or
+foreign packs refused with a reason."""
+
+import tarfile
+
+import pytest
+import torch
+
+from wmrl.layout import RunLayout
+from wmrl.policy.checkpoint import CheckpointError, load_checkpoint
+from wmrl.policy.pack import pack_checkpoint, unpack_checkpoint
+
+
+def test_pack_unpack_round_trip(trained_run, tmp_path):
+    src = load_checkpoint(RunLayout(trained_run).checkpoint(10, "sft"))
+    pack = tmp_path / "p.tar.xz"
+    meta = pack_checkpoint(src.path, pack)
+    assert meta["dtype"] == "float16" and meta["source_model_sha256"] == src.meta["files"]["model.safetensors"]
+    dest = unpack_checkpoint(pack, tmp_path / "run")
+    assert dest == RunLayout(tmp_path / "run").checkpoint(10, "sft")
+    out = load_checkpoint(dest)  # hashes verified
+    assert out.cfg == src.cfg and out.image_size == src.image_size and not out.full
+    assert out.lang.instructions == src.lang.instructions
+    assert out.norm.to_dict() == src.norm.to_dict()
+    for k, v in src.weights.items():
+        if v.is_floating_point():
+            assert torch.allclose(out.weights[k], v, rtol=1e-3, atol=1e-7), k
+            assert torch.equal(out.weights[k], v.half().float()), k
+    assert any(not torch.equal(out.weights[k], v) for k, v in src.weights.items())  # really rounded
+    assert unpack_checkpoint(pack, tmp_path / "run") == dest  # the same pack again: nothing to do
+
+
+def test_bfloat16_and_refusals(trained_run, tmp_path):
+    src = RunLayout(trained_run).checkpoint(5, "sft")
+    pack = tmp_path / "b.tar.xz"
+    pack_checkpoint(src, pack, dtype="bfloat16")
+    other = tmp_path / "other.tar.xz"
+    pack_checkpoint(RunLayout(trained_run).checkpoint(10, "sft"), other)
+    run = tmp_path / "run"
+    unpack_checkpoint(pack, run, step=10)
+    with pytest.raises(CheckpointError, match="not this pack"):
+        unpack_checkpoint(other, run)  # step 10 is there, from another pack
+    with pytest.raises(CheckpointError, match="choose one of"):
+        pack_checkpoint(src, tmp_path / "x.tar.xz", dtype="int8")
+    with pytest.raises(CheckpointError, match="no such policy pack"):
+        unpack_checkpoint(tmp_path / "missing.tar.xz", run)
+    damaged = tmp_path / "damaged.tar.xz"
+    damaged.write_bytes(pack.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="copy it again"):
+        unpack_checkpoint(damaged, tmp_path / "run2")
+    foreign = tmp_path / "foreign.tar.xz"
+    with tarfile.open(foreign, "w:xz") as tar:
+        tar.add(__file__, arcname="weights.safetensors")
+    with pytest.raises(CheckpointError, match="missing"):
+        unpack_checkpoint(foreign, tmp_path / "run3")
