@@ -8,7 +8,10 @@ models), the kit's reward (``train_reward``) trained on:
 * ``phases``: every phase of every-step recordings (8x the frames: the steps just before
   success are the hardest failures there are);
 * ``phases+wW``: every phase, and the frames of the last W steps before a success labelled
-  success ("success within the next chunk": 1 + W positives per successful episode).
+  success ("success within the next chunk": 1 + W positives per successful episode);
+* ``...+cut``: each training episode cut after its first success frame: on recordings made with
+  ``--post-success-steps`` (which go on past the success), what a normal recording would hold,
+  so one collection compares the two.
 
 Scored as ``make wm-eval`` scores agreement (success-once per episode over the real
 chunk-boundary frames after the start, the simulator's outcome as truth): the threshold chosen on
@@ -16,6 +19,8 @@ one half of the validation episodes, applied to the other, both ways round.
 
     python bench/reward_labels.py --manifest runs/noisy/manifest.json --size 64 --seeds 0,1 \\
         --variants phase0,phases,phases+w7 --json reward_labels.json
+    python bench/reward_labels.py --manifest runs/post/manifest.json --val-manifest runs/other/manifest.json \\
+        --variants phase0,phase0+cut      # validation: every episode of another collection
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -59,6 +65,16 @@ def success_within(episodes, chunk: int, window: int) -> list[torch.Tensor]:
     return out
 
 
+def cut_at_success(e):
+    """The episode stream up to and including its first success frame (unchanged without one)."""
+    hit = e.success.nonzero()[0]
+    if not len(hit):
+        return e
+    n = int(hit[0]) + 1
+    return replace(e, main=e.main[:n], wrist=e.wrist[:n], proprio=e.proprio[:n], actions=e.actions[:n - 1],
+                   success=e.success[:n])
+
+
 def recorded(e) -> str:
     """The recorded episode a phase stream comes from (keys repeat across files)."""
     return f"{e.file_sha256}:{e.key.split('@')[0]}"
@@ -75,6 +91,7 @@ def peaks_of(model: RewardModel, episodes, views) -> tuple[torch.Tensor, torch.T
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--manifest", required=True)
+    p.add_argument("--val-manifest", help="score on every episode of this manifest instead of --manifest's validation ones")
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--views", default="main,wrist")
     p.add_argument("--variants", default="phase0,phases,phases+w7")
@@ -86,16 +103,22 @@ def main() -> None:
     views, chunk = tuple(a.views.split(",")), 8
 
     _, every, val = load_split(a.manifest, chunk, phases=True)
+    if a.val_manifest:  # another collection's episodes, training and validation alike, at phase 0
+        _, other_train, other_val = load_split(a.val_manifest, chunk)
+        val = [e for e in other_train if e.phase == 0] + other_val
     every, val = shrink(every, a.size), shrink(val, a.size)
     halves = held_out_halves(val)
     report = {"args": vars(a), "episodes": {"train": len({recorded(e) for e in every}), "val": len(val)}}
     print(f"{report['episodes']['train']} training episodes ({len(every)} phase streams), {len(val)} validation: "
           f"{sum(bool(e.success.any()) for e in val)} successful", flush=True)
     for variant in a.variants.split(","):
-        name, _, w = variant.partition("+w")
+        base, cut = variant.removesuffix("+cut"), variant.endswith("+cut")
+        name, _, w = base.partition("+w")
         if name not in ("phase0", "phases"):
-            sys.exit(f"--variants {variant}: phase0, phases or phases+wW (W steps before success count as success)")
+            sys.exit(f"--variants {variant}: phase0, phases or phases+wW (W steps before success count as success), "
+                     "each optionally +cut")
         eps = every if name == "phases" else [e for e in every if e.phase == 0]
+        eps = [cut_at_success(e) for e in eps] if cut else eps
         labels = success_within(eps, chunk, int(w or 0))
         frames, _ = episode_frames(eps, views)
         labels = torch.cat(labels)

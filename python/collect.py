@@ -62,7 +62,7 @@ def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
     runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=collect.temperature, seed=collect.seed)
     # the demonstrations' machinery with every episode kept
     cfg = DemoConfig(tasks=collect.tasks, episodes=collect.episodes, workers=collect.workers, seed=collect.seed,
-                     frame_interval=collect.frame_interval)
+                     frame_interval=collect.frame_interval, post_success_steps=collect.post_success_steps)
     from wmrl.procs import exclusive
 
     with exclusive(out, "make collect"):

@@ -40,6 +40,7 @@ def main(args: argparse.Namespace, prof: Profile) -> int:
         cli.print_plan("collect demonstrations", {
             "tasks": prof.demos.tasks, "episodes_per_task": prof.demos.episodes, "reset": "seeded random placement (mode=train)",
             "frame_interval": prof.demos.frame_interval, "action_noise": prof.demos.action_noise,
+            "post_success_steps": prof.demos.post_success_steps,
             "kept": "every episode" if prof.demos.keep_failures else "successes only",
             "files": [str(task_file(out, t)) for t in prof.demos.tasks], "sim": prof.sim})
         return 0

@@ -142,9 +142,15 @@ class DemoConfig:
     # a noisy expert's successes *and* mistakes, data that shows failures before any policy
     # exists (for the reward model and the world models' agreement with the simulator)
     keep_failures: bool = False
+    # Record this many more steps after an episode's first success (whole chunks; success still
+    # counts once): frames of the goal reached, which the reward model otherwise sees once per
+    # successful episode. 0: the episode ends with the chunk in which it succeeds.
+    post_success_steps: int = 0
 
     def __post_init__(self) -> None:
         _check_tasks(self.tasks, "demonstrations")
+        if self.post_success_steps < 0:
+            raise ConfigError(f"post_success_steps={self.post_success_steps}: use 0 (stop at success) or N >= 1 steps")
         if not 0.0 <= self.action_noise <= 1.0:
             raise ConfigError(f"action_noise={self.action_noise}: a std in [0, 1] (actions live in [-1, 1]); 0 turns it off")
         if self.frame_interval < 0:
@@ -286,9 +292,12 @@ class CollectConfig:
     # 1 gives the world models every chunk-boundary phase of the policy's own episodes too
     # (WMTrainConfig.all_phases: 8x their transitions) for 8x the images on disk
     frame_interval: int = 0
+    post_success_steps: int = 0  # as DemoConfig's: steps recorded after the first success
 
     def __post_init__(self) -> None:
         _check_tasks(self.tasks, "collection")
+        if self.post_success_steps < 0:
+            raise ConfigError(f"collect.post_success_steps={self.post_success_steps}: use 0 (stop at success) or N >= 1")
         if self.frame_interval < 0:
             raise ConfigError(f"collect.frame_interval={self.frame_interval}: use 0 (chunk boundaries only) or N >= 1")
         if self.episodes < 1:

@@ -40,6 +40,18 @@ def test_demos_are_valid_successful_train_mode_episodes(tmp_path):
     with h5py.File(path) as f:
         assert len(f.attrs["done_attempts"]) >= 2
 
+    # post_success_steps: the same episode recorded two chunks past its success, identical up to it
+    post = collect_demos(DemoConfig(tasks=(0,), episodes=1, workers=1, seed=3, post_success_steps=16),
+                         SIM, tmp_path / "post", progress=False)
+    assert post["incomplete"] == []
+    (longer,) = list(iter_episodes(task_file(tmp_path / "post", 0)))
+    assert longer.attrs["seed"] == first_seed and longer.attrs["success"]
+    assert 0 < longer.attrs["success_step"] <= ep.attrs["steps"] and longer.attrs["post_success_steps"] == 16
+    assert longer.attrs["steps"] == min(ep.attrs["steps"] + 16, SIM.max_steps)
+    n = len(ep.main)  # the first recording's frames (one per step) are the longer one's first frames
+    assert (longer.main[:n] == ep.main[:n]).all() and len(longer.main) == n + longer.attrs["steps"] - ep.attrs["steps"]
+    assert longer.rewards[n - 1] == 1.0
+
 
 def test_a_noisy_expert_keeps_its_failures_when_asked(tmp_path):
     """keep_failures: every attempt is kept, failures too (data with mistakes in it before any

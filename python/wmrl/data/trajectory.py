@@ -58,6 +58,11 @@ EPISODE_ATTRS: dict[str, type] = {
     "kit_version": str,
     "sim_settings": str,  # JSON: SimConfig fields and simulator versions
 }
+# Written when a writer sets them (recordings made by the simulator pool do)
+OPTIONAL_EPISODE_ATTRS: dict[str, type] = {
+    "success_step": int,  # the step at which the goal first held, -1 if never
+    "post_success_steps": int,  # steps the recording was to go on after it (DemoConfig.post_success_steps)
+}
 
 
 class TrajectoryError(ValueError):
@@ -156,6 +161,9 @@ def _write_episode(group, traj: Trajectory) -> None:
             raise TrajectoryError(f"episode attribute {key!r} missing; every writer must set {sorted(EPISODE_ATTRS)}")
         value = traj.attrs[key]
         group.attrs[key] = json.dumps(value) if (typ is str and not isinstance(value, str)) else typ(value)
+    for key, typ in OPTIONAL_EPISODE_ATTRS.items():
+        if key in traj.attrs:
+            group.attrs[key] = typ(traj.attrs[key])
 
 
 class TrajectoryWriter:

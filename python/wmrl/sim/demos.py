@@ -128,7 +128,7 @@ def collect_demos(cfg: DemoConfig, sim: SimConfig, out_dir: str | Path, *, overw
         try:
             with SimulatorPool(sim, workers, step_policy=None if policy is not None else "expert", record=True,
                                policy_id=getattr(policy, "policy_id", "external"), frame_interval=cfg.frame_interval,
-                               action_noise=cfg.action_noise) as pool:
+                               action_noise=cfg.action_noise, post_success_steps=cfg.post_success_steps) as pool:
                 for result in pool.run(source, policy):
                     if result.success or source.keep_failures:
                         bar.update(1)

@@ -105,7 +105,7 @@ class _Worker:
     optional step policy, an optional recorder."""
 
     def __init__(self, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int = 0, action_noise: float = 0.0, max_envs: int = 1):
+                 frame_interval: int = 0, action_noise: float = 0.0, max_envs: int = 1, post_success_steps: int = 0):
         self.index, self.cfg, self.step_policy_name, self.policy_id, self.record = index, cfg, step_policy, policy_id, record
         self.max_envs = max(1, max_envs)
         self.envs: dict = {}  # task -> SpatialEnv, most recently used last
@@ -115,6 +115,10 @@ class _Worker:
         # Recorded frames between chunk boundaries: every `frame_interval` steps (0: none).
         # Policies only ever see chunk-boundary frames; the extra ones are training data.
         self.frame_interval = frame_interval if record else 0
+        # A recording goes on this many steps after the first success (in whole chunks): more
+        # frames of the goal reached for the reward model. Success still counts once; 0: stop.
+        self.post_success_steps = post_success_steps if record else 0
+        self.success_step: int | None = None
         self.env = None
         self.built = False
         self.policy = None
@@ -145,6 +149,7 @@ class _Worker:
             self.policy.reset(env)
             self.noise_rng = np.random.default_rng([spec.seed, 0xDA27])
         self.recorder = TrajectoryRecorder() if self.record else None
+        self.success_step = None
         self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
         obs.spec = spec
         self.busy_s = time.perf_counter() - self.t0
@@ -175,6 +180,8 @@ class _Worker:
                 label, a = a, a.copy()
                 a[:6] = np.clip(a[:6] + self.noise_rng.normal(0.0, self.action_noise, 6), -1.0, 1.0)
             goal = env.step(a)
+            if env.success and self.success_step is None:
+                self.success_step = env.steps
             if self.recorder is not None:
                 self.recorder.add_action(a, label)
             if env.steps >= self.cfg.max_steps:
@@ -183,7 +190,9 @@ class _Worker:
         self._add_frame(obs, goal_holds=goal)
         obs.spec = self.spec
         self.busy_s += time.perf_counter() - t0
-        return obs, env.done
+        done = env.steps >= self.cfg.max_steps or (
+            self.success_step is not None and env.steps - self.success_step >= self.post_success_steps)
+        return obs, done
 
     def result(self) -> EpisodeResult:
         env, spec = self.env, self.spec
@@ -197,6 +206,8 @@ class _Worker:
                 "task_index": spec.task_index, "instruction": env.task.instruction,
                 "init_mode": spec.mode, "init_index": -1 if spec.init_index is None else spec.init_index,
                 "seed": spec.seed, "success": env.success, "steps": env.steps, "policy_id": self.policy_id,
+                "success_step": -1 if self.success_step is None else self.success_step,
+                "post_success_steps": self.post_success_steps,
                 "chunk_size": self.cfg.chunk_size, "image_size": self.cfg.image_size,
                 "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
             })
@@ -212,7 +223,7 @@ class _Worker:
 
 
 def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, policy_id: str, record: bool,
-                 frame_interval: int, action_noise: float, max_envs: int, slots: int) -> None:
+                 frame_interval: int, action_noise: float, max_envs: int, slots: int, post_success_steps: int = 0) -> None:
     """Serve the parent's commands, each tagged with a slot: ``(cmd, slot, arg)``. A slot is one
     episode in flight with its own envs; commands run in the order they arrive, so while the
     parent computes one slot's actions the worker steps another slot's physics."""
@@ -220,8 +231,8 @@ def _worker_main(conn, index: int, cfg: SimConfig, step_policy: str | None, poli
 
     try:
         configure_renderer(cfg.renderer)
-        runners = [_Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs)
-                   for _ in range(slots)]
+        runners = [_Worker(index, cfg, step_policy, policy_id, record, frame_interval, action_noise, max_envs,
+                           post_success_steps) for _ in range(slots)]
         while True:
             cmd, slot, arg = conn.recv()
             worker = runners[slot]
@@ -263,7 +274,8 @@ class SimulatorPool:
 
     def __init__(self, cfg: SimConfig, workers: int, *, step_policy: str | None = None,
                  policy_id: str = "external", record: bool = False, frame_interval: int = 0,
-                 action_noise: float = 0.0, max_envs: int = 1, episodes_per_worker: int = EPISODES_PER_WORKER):
+                 action_noise: float = 0.0, max_envs: int = 1, episodes_per_worker: int = EPISODES_PER_WORKER,
+                 post_success_steps: int = 0):
         from wmrl.gl import configure_renderer
 
         if episodes_per_worker < 1:
@@ -278,7 +290,7 @@ class SimulatorPool:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, daemon=True,
                             args=(child, i, cfg, step_policy, policy_id, record, frame_interval, action_noise,
-                                  max_envs, self.slots))
+                                  max_envs, self.slots, post_success_steps))
             p.start()
             child.close()
             self._conns.append(parent)
