@@ -44,7 +44,7 @@ from wmrl.config import RewardConfig  # noqa: E402
 from wmrl.worldmodel.data import held_out_halves, load_split  # noqa: E402
 from wmrl.worldmodel.model import images_to_unit  # noqa: E402
 from wmrl.worldmodel.reward import (RewardModel, balanced_accuracy, calibrate_episodes, episode_frames,  # noqa: E402
-                                   episode_index, episode_peaks, train_reward)
+                                   episode_index, episode_peaks, simulator_outcomes, train_reward)
 
 
 def success_within(episodes, chunk: int, window: int) -> list[torch.Tensor]:
@@ -81,11 +81,12 @@ def recorded(e) -> str:
 
 
 def peaks_of(model: RewardModel, episodes, views) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per episode: the highest success probability after its start, and the simulator's outcome."""
+    """Per episode: the highest success probability after its start, and the simulator's outcome
+    (its success-once, also where the goal held only inside a chunk)."""
     frames, labels = episode_frames(episodes, views)
     with torch.no_grad():
         probs = torch.cat([torch.sigmoid(model(images_to_unit(frames[i:i + 256]))) for i in range(0, len(frames), 256)])
-    return episode_peaks(probs, labels, episode_index(episodes))
+    return episode_peaks(probs, labels, episode_index(episodes), simulator_outcomes(episodes))
 
 
 def main() -> None:
@@ -110,7 +111,7 @@ def main() -> None:
     halves = held_out_halves(val)
     report = {"args": vars(a), "episodes": {"train": len({recorded(e) for e in every}), "val": len(val)}}
     print(f"{report['episodes']['train']} training episodes ({len(every)} phase streams), {len(val)} validation: "
-          f"{sum(bool(e.success.any()) for e in val)} successful", flush=True)
+          f"{int(simulator_outcomes(val).sum())} successful", flush=True)
     for variant in a.variants.split(","):
         base, cut = variant.removesuffix("+cut"), variant.endswith("+cut")
         name, _, w = base.partition("+w")

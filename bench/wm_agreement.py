@@ -39,7 +39,8 @@ from wmrl.config import RewardConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, held_out_halves, load_split, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import episode_agreement, metrics, open_loop  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
-from wmrl.worldmodel.reward import RewardModel, episode_frames, episode_index, imagined_frames, train_reward  # noqa: E402
+from wmrl.worldmodel.reward import (RewardModel, episode_frames, episode_index, imagined_frames,  # noqa: E402
+                                   simulator_outcomes, train_reward)
 
 
 def main() -> None:
@@ -110,7 +111,8 @@ def main() -> None:
             cfg = RewardConfig(views=views, steps=a.reward_steps, seed=a.seed, generated_horizon=a.horizon)
             gen = {k: (columns(f, views, a.size), labels, episode) for k, (f, labels, episode) in generated.items()}
             meta = train_reward(*episode_frames(train, views), *episode_frames(calib, views), cfg, Path(tmp) / spec, {},
-                                progress=False, generated=gen, val_episode=episode_index(calib))
+                                progress=False, generated=gen, val_episode=episode_index(calib),
+                                val_outcomes=simulator_outcomes(calib))
             reward = RewardModel.from_pretrained(Path(tmp) / spec, a.device).eval()
             report[spec] = {"threshold": meta["threshold"], "calibrated_on": meta["calibrated_on"],
                             "calibration": meta["val_generated_episodes"],

@@ -78,7 +78,7 @@ def main(args, manifest: Path) -> int:
     from wmrl.fileio import sha256_file
     from wmrl.lineage import git_commit
     from wmrl.worldmodel.data import held_out_halves, load_split
-    from wmrl.worldmodel.reward import episode_frames, episode_index, train_reward
+    from wmrl.worldmodel.reward import episode_frames, episode_index, simulator_outcomes, train_reward
 
     from wmrl.config import CHUNK_SIZE
 
@@ -88,7 +88,8 @@ def main(args, manifest: Path) -> int:
     lineage = {"manifest": str(manifest), "manifest_sha256": sha256_file(manifest), "git_commit": git_commit()}
     generated = imagine(args.run, cfg, [e for e in train if e.phase == 0], val, lineage)
     meta = train_reward(*episode_frames(train, cfg.views), *episode_frames(val, cfg.views), cfg, out, lineage,
-                        progress=not args.no_progress, generated=generated, val_episode=episode_index(val))
+                        progress=not args.no_progress, generated=generated, val_episode=episode_index(val),
+                        val_outcomes=simulator_outcomes(val))
     print(json.dumps({k: meta[k] for k in ("threshold", "calibrated_on", "frame_threshold", "val_generated_episodes",
                                            "val_real_episodes",
                                            "val_frame_balanced_accuracy", "val_balanced_accuracy_real",

@@ -745,6 +745,34 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     ceiling = episode_agreement(roll, Strict(), frames="real", threshold=0.5)  # wm-eval passes threshold_real
     assert ceiling["balanced_accuracy"] == 1.0 and ceiling["timing_error_chunks"] == 0.0
 
+    # the simulator's verdict is the truth: episode 3 succeeded with the goal held only inside a
+    # chunk (no success frame), so even the copying pair misses it, and the report says why
+    sim = {**roll, "outcome": torch.tensor([True, False, True, True])}
+    c = episode_agreement(sim, Mark)
+    assert c["real_successes"] == 3 and c["successes_without_success_frame"] == 1
+    assert c["confusion"]["only_real"] == 1 and abs(c["balanced_accuracy"] - (2 / 3 + 1) / 2) < 1e-4
+    assert c["timing_error_chunks"] == 0.0  # timed only where a success frame exists
+
+
+def test_simulator_outcomes_and_episode_peaks_use_the_recorded_verdict():
+    from wmrl.worldmodel.data import Episode
+    from wmrl.worldmodel.reward import episode_peaks, simulator_outcomes
+
+    def ep(success, outcome):
+        n = len(success)
+        return Episode(main=np.zeros((n, 4, 4, 3), np.uint8), wrist=np.zeros((n, 4, 4, 3), np.uint8),
+                       proprio=np.zeros((n, 8), np.float32), actions=np.zeros((n - 1, 8, 7), np.float32),
+                       success=np.array(success), source="new", key="k", outcome=outcome)
+
+    eps = [ep([False, True], True), ep([False, False], True), ep([False, False], None), ep([False, True], None)]
+    assert simulator_outcomes(eps).tolist() == [True, True, False, True]
+    probs = torch.tensor([0.0, 0.9, 0.0, 0.2, 0.0, 0.1, 0.0, 0.8])
+    labels = torch.tensor([bool(x) for e in eps for x in e.success])
+    index = torch.arange(4).repeat_interleave(2)
+    peak, real = episode_peaks(probs, labels, index)
+    assert real.tolist() == [True, False, False, True] and torch.allclose(peak, torch.tensor([0.9, 0.2, 0.1, 0.8]))
+    assert episode_peaks(probs, labels, index, simulator_outcomes(eps))[1].tolist() == [True, True, False, True]
+
 
 def test_action_response_is_zero_exactly_for_a_model_blind_to_its_actions(trajectories):
     """The diagnostic behind a blurred, unmoved arm: a model whose conditioning reads the

@@ -52,6 +52,10 @@ class Episode:
     init_mode: str = "train"  # "eval": started from a fixed evaluation state (never a GRPO start)
     file_sha256: str = ""  # of the trajectory file it came from
     phase: int = 0  # steps from the episode's start to its first frame (every-step recordings only)
+    # The simulator's success-once for the whole recorded episode (its ``success`` attribute). It
+    # can be true with no success frame here: the goal held after some step inside a chunk but
+    # no longer at the chunk's end (an object that bounced off). None: unknown (use ``success``)
+    outcome: bool | None = None
 
 
 def _frames(dataset, idx: np.ndarray) -> np.ndarray:
@@ -90,7 +94,8 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
         actions=actions[: (n - 1) * chunk].reshape(n - 1, chunk, actions.shape[1]),
         success=a["rewards"][idx] > 0, source=source, key=key,
         task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")),
-        init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256, phase=phase)
+        init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256, phase=phase,
+        outcome=bool(group.attrs["success"]) if "success" in group.attrs else None)
 
 
 def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wmrl.worldmodel.reward import balanced_accuracy
+from wmrl.worldmodel.reward import balanced_accuracy, simulator_outcomes
 
 HORIZONS = (1, 5, 10, 20)
 
@@ -90,7 +90,7 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
         imagined["wrist"].append(wrist)
     return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
             "valid": valid, "success": [torch.from_numpy(_pad(ep.success, steps + 1)) for ep in episodes], "steps": steps,
-            "episodes": e}
+            "episodes": e, "outcome": simulator_outcomes(episodes)}
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:
@@ -151,11 +151,15 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
             hit = reward.success(x) if threshold is None else torch.sigmoid(reward(x)) >= threshold
         said[i] = hit.cpu() & valid[i]
     said[:, 0] = False  # the start is a real frame, not imagined
-    real, imag = labels.any(1), said.any(1)
+    seen = labels.any(1)  # a success frame among the chunk boundaries the reward reads
+    # the truth is the simulator's success-once; a success whose goal held only inside a chunk
+    # has no success frame to see (counted: the part of the gap no reward can close)
+    real, imag = roll.get("outcome", seen), said.any(1)
     first = lambda m: torch.where(m.any(1), m.float().argmax(1), torch.full((e,), -1.0))  # noqa: E731
     both = real & imag
-    timing = (first(said) - first(labels))[both].abs()
+    timing = (first(said) - first(labels))[imag & seen].abs()  # where both have a success frame
     return {"episodes": e, "real_successes": int(real.sum()), "imagined_successes": int(imag.sum()),
+            "successes_without_success_frame": int((real & ~seen).sum()),
             "balanced_accuracy": _round(balanced_accuracy(imag, real)),
             "accuracy": round(float((imag == real).float().mean()), 4),
             "confusion": {"both_success": int(both.sum()), "only_real": int((real & ~imag).sum()),

@@ -83,6 +83,12 @@ def episode_frames(episodes, views: tuple[str, ...]) -> tuple[torch.Tensor, torc
     return side_by_side(frames, views, dim=2), torch.from_numpy(np.concatenate([e.success for e in episodes]))
 
 
+def simulator_outcomes(episodes) -> torch.Tensor:
+    """Per episode, the simulator's success-once (``Episode.outcome``; where unknown, whether a
+    frame is labelled success): the truth that agreement with the simulator is scored against."""
+    return torch.tensor([bool(e.success.any()) if e.outcome is None else e.outcome for e in episodes], dtype=torch.bool)
+
+
 def episode_index(episodes) -> torch.Tensor:
     """For ``episode_frames(episodes, ...)``: which episode each frame belongs to (N,)."""
     return torch.cat([torch.full((len(e.success),), i) for i, e in enumerate(episodes)]) if episodes else \
@@ -155,12 +161,15 @@ def episode_outcomes(probs: torch.Tensor, labels: torch.Tensor, episode: torch.T
     return peak, real
 
 
-def episode_peaks(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def episode_peaks(probs: torch.Tensor, labels: torch.Tensor, episode: torch.Tensor,
+                  outcomes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``episode_outcomes`` of real episodes' frames in order (``episode_index``), each start frame
-    left out: it is never judged (GRPO and ``episode_agreement`` start from it)."""
+    left out: it is never judged (GRPO and ``episode_agreement`` start from it). ``outcomes``
+    (``simulator_outcomes`` of the same episodes): the truth, instead of the labelled frames."""
     start = torch.ones(len(episode), dtype=torch.bool)
     start[1:] = episode[1:] != episode[:-1]
-    return episode_outcomes(torch.where(start, -1.0, probs), labels, episode)
+    peak, real = episode_outcomes(torch.where(start, -1.0, probs), labels, episode)
+    return peak, (real if outcomes is None else outcomes[torch.unique(episode)].bool())
 
 
 def calibrate_episodes(peak: torch.Tensor, real: torch.Tensor) -> tuple[float, float] | None:
@@ -192,14 +201,15 @@ class RewardObjective(nn.Module):
 def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_frames: torch.Tensor,
                  val_labels: torch.Tensor, cfg: RewardConfig, out: Path, lineage: dict, progress: bool = True,
                  ds_config_path: str | None = None, generated: dict | None = None,
-                 val_episode: torch.Tensor | None = None) -> dict:
+                 val_episode: torch.Tensor | None = None, val_outcomes: torch.Tensor | None = None) -> dict:
     """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
     Trained through DeepSpeed like the world models (one process; bf16 on a GPU).
     ``generated``: {"train": (frames, labels), "val": (frames, labels)} imagined by the pair;
     the training ones join the real frames, the validation ones set the threshold.
     ``val_episode`` (``episode_index`` of the real validation frames): also calibrate
     success-once on the real validation episodes (``threshold_real``), the threshold with which
-    ``make wm-eval`` measures the reward's own ceiling on real frames."""
+    ``make wm-eval`` measures the reward's own ceiling on real frames; ``val_outcomes``
+    (``simulator_outcomes``): the simulator's verdict on those episodes as the truth there."""
     gen_train_n = 0
     if generated is not None and len(generated["train"][0]):
         gen_train_n = len(generated["train"][0])
@@ -268,7 +278,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     model.threshold.fill_(threshold)
     real_episodes = None
     if val_episode is not None and len(val_frames):
-        peak, real = episode_peaks(real_probs, val_labels, val_episode)
+        peak, real = episode_peaks(real_probs, val_labels, val_episode, val_outcomes)
         by_real = calibrate_episodes(peak, real)
         real_episodes = {"episodes": len(peak), "real_successes": int(real.sum()),
                          "threshold": by_real[0] if by_real else None, "balanced_accuracy": by_real[1] if by_real else None}
