@@ -117,6 +117,6 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
         lang = LanguageCache.load(Path(work) / CACHE_FILE)
     provenance = {"pack": Path(path).name, "dtype": meta["dtype"], "weights_sha256": meta["weights_sha256"],
                   "source": meta["source"], "source_model_sha256": meta["source_model_sha256"],
-                  "source_kind": src.get("sft_kind", kind), "source_step": src.get("step")}
+                  "source_step": src.get("step")}
     return save_checkpoint(dest, model, step=step, image_size=int(src.get("image_size", 0)), norm=norm, lang=lang,
                            extra={"unpacked_from": provenance})

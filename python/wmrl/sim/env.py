@@ -101,6 +101,7 @@ class SpatialEnv:
         self._loop = cfg.physics  # reset() picks the episode's loop (SimConfig.train_physics)
         self.steps = 0
         self.success = False
+        self.success_step: int | None = None  # the step after which the goal first held
         # The first soft reset after construction lands ~2 mm away from every later reset to
         # the same state (robosuite's construction leaves state behind). Take it here, so an
         # episode never depends on whether its worker had run one before.
@@ -207,6 +208,7 @@ class SpatialEnv:
             self._physics_step(NOOP_ACTION)
         self.steps = 0
         self.success = False
+        self.success_step = None
         return self.observe()
 
     def step(self, action: np.ndarray) -> bool:
@@ -218,6 +220,8 @@ class SpatialEnv:
             raise ValueError(f"non-finite action {action}")
         ok = self._physics_step(np.clip(action, -1.0, 1.0))
         self.steps += 1
+        if ok and not self.success:
+            self.success_step = self.steps
         self.success = self.success or ok
         return ok
 

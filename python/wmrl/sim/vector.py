@@ -118,7 +118,6 @@ class _Worker:
         # A recording goes on this many steps after the first success (in whole chunks): more
         # frames of the goal reached for the reward model. Success still counts once; 0: stop.
         self.post_success_steps = post_success_steps if record else 0
-        self.success_step: int | None = None
         self.env = None
         self.built = False
         self.policy = None
@@ -149,7 +148,6 @@ class _Worker:
             self.policy.reset(env)
             self.noise_rng = np.random.default_rng([spec.seed, 0xDA27])
         self.recorder = TrajectoryRecorder() if self.record else None
-        self.success_step = None
         self._add_frame(obs, goal_holds=bool(env.raw._check_success()))
         obs.spec = spec
         self.busy_s = time.perf_counter() - self.t0
@@ -180,8 +178,6 @@ class _Worker:
                 label, a = a, a.copy()
                 a[:6] = np.clip(a[:6] + self.noise_rng.normal(0.0, self.action_noise, 6), -1.0, 1.0)
             goal = env.step(a)
-            if env.success and self.success_step is None:
-                self.success_step = env.steps
             if self.recorder is not None:
                 self.recorder.add_action(a, label)
             if env.steps >= self.cfg.max_steps:
@@ -191,7 +187,7 @@ class _Worker:
         obs.spec = self.spec
         self.busy_s += time.perf_counter() - t0
         done = env.steps >= self.cfg.max_steps or (
-            self.success_step is not None and env.steps - self.success_step >= self.post_success_steps)
+            env.success and env.steps - env.success_step >= self.post_success_steps)
         return obs, done
 
     def result(self) -> EpisodeResult:
@@ -206,7 +202,7 @@ class _Worker:
                 "task_index": spec.task_index, "instruction": env.task.instruction,
                 "init_mode": spec.mode, "init_index": -1 if spec.init_index is None else spec.init_index,
                 "seed": spec.seed, "success": env.success, "steps": env.steps, "policy_id": self.policy_id,
-                "success_step": -1 if self.success_step is None else self.success_step,
+                "success_step": -1 if env.success_step is None else env.success_step,
                 "post_success_steps": self.post_success_steps,
                 "chunk_size": self.cfg.chunk_size, "image_size": self.cfg.image_size,
                 "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
