@@ -44,6 +44,9 @@ returns only a few files).
     python3 bench/gpu.py PHASE ... BACKGROUND=1   # start it in its own session and return (the lent
                                                   # machine's calls last at most 10 minutes)
     python3 bench/gpu.py wait SECONDS=540         # follow background phases; returns when they end or time is up
+                                                  # (the lent machine goes back 30 s after a call: a
+                                                  # late follow-up call loses the background work; prefer
+                                                  # calls that finish their work and resume)
     SKIP_PREPARE=1 PYTHON=.venv/train/bin/python WM_PYTHON=.venv/wm/bin/python python3 bench/gpu.py learn PROFILE=tiny ...
                                                   # the same on a CPU
 
