@@ -37,7 +37,8 @@ def _policy_and_batch(sft_run, n=6, cfg=TINY.grpo):
         s = sde_sample(model, prefix, model.cfg.denoise_steps, cfg.noise_level, temperature=cfg.temperature,
                        noise=x0, step_noise=eps, noisy=noisy)
     buf = grpo.Rollouts()
-    buf.add(obs, s.chain, grpo.sampled_log_prob(s.element_log_probs, noisy, cfg), noisy)
+    buf.add(obs, s.chain, grpo.sampled_log_prob(s.element_log_probs, noisy, cfg),
+            grpo.sampled_log_prob(s.element_log_probs, noisy, grpo.whole_chain(cfg)), noisy)
     return model, loaded, buf.tensors()
 
 
@@ -85,6 +86,27 @@ def test_the_ratio_can_keep_only_the_first_transitions(sft_run):
     assert not torch.allclose(lp1, lp_all)  # the other K - 1 transitions are left out
     with pytest.raises(Exception, match="ratio_transitions"):
         override(TINY.grpo, ratio_transitions=-1)
+
+
+def test_the_step_size_control_measures_the_whole_chain_when_the_ratio_keeps_part_of_it(sft_run):
+    """ratio_transitions=1 updates through the first transition, but the KL that sets the next
+    lr covers all K: the same figure as with the whole chain in the ratio, and larger than the
+    first transition's own (on the H200 the partial KL let the lr climb until the policy collapsed)."""
+    from wmrl.config import override
+
+    cfg = override(TINY.grpo, ratio_transitions=1, minibatches=1, lr=1e-3, desired_kl=0.0)
+    model, loaded, batch = _policy_and_batch(sft_run, cfg=cfg)
+    norm, keep = loaded.norm.tensors(), torch.arange(6)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    off = torch.autocast("cpu", enabled=False)
+    st = grpo.update(model, opt, batch, torch.tensor([1.5, -0.5, 1.0, -1.0, 0.5, -1.5]), cfg, norm=norm,
+                     lang=loaded.lang, autocast=off, step=1)
+    whole = grpo.final_kl(model, norm, loaded.lang, batch, keep, 1, TINY.grpo, off)
+    with torch.no_grad():
+        lr1 = grpo.element_log_prob(model, norm, loaded.lang, batch, keep, cfg) - batch["old_lp"]
+    first = float(((lr1.exp() - 1) - lr1).mean())
+    assert st["approx_kl_final"] == pytest.approx(whole, rel=1e-5)
+    assert st["approx_kl_final"] > 2 * first > 0
 
 
 def test_group_advantages_and_skipped_groups():

@@ -28,7 +28,7 @@ Read top to bottom; one GRPO step is
                  ``epochs`` x ``minibatches`` optimizer steps, stopped early once the
                  approximate KL passes ``target_kl``
     5. step size the KL between the policy that acted and the updated one, measured on the
-                 step's chunks, sets the next step's learning rate (x or / 1.5 towards
+                 step's chunks over the whole denoising chain, sets the next step's learning rate (x or / 1.5 towards
                  ``desired_kl``): how far one step moves the flow policy varies too much
                  between runs for a fixed lr (bench/RESULTS.md)
 
@@ -175,14 +175,15 @@ class Rollouts:
 
     def __init__(self):
         self.parts: dict[str, list] = {k: [] for k in ("main", "wrist", "proprio", "instructions", "chain", "old_lp",
-                                                       "noisy", "rollout", "chunk")}
+                                                       "chain_lp", "noisy", "rollout", "chunk")}
 
-    def add(self, obs, chain, old_lp, noisy: torch.Tensor | None = None) -> None:
-        """``noisy`` (B,): each chunk's one stochastic transition (None: all were; stored as -1)."""
+    def add(self, obs, chain, old_lp, chain_lp, noisy: torch.Tensor | None = None) -> None:
+        """``old_lp``: what enters the ratio; ``chain_lp``: the whole chain's, for the step-size
+        control; ``noisy`` (B,): each chunk's one stochastic transition (None: all were; stored as -1)."""
         if noisy is None:
             noisy = torch.full((len(chain),), -1, dtype=torch.long, device=chain.device)
         for k, v in (("main", obs.main), ("wrist", obs.wrist), ("proprio", obs.proprio), ("chain", chain),
-                     ("old_lp", old_lp), ("noisy", noisy), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
+                     ("old_lp", old_lp), ("chain_lp", chain_lp), ("noisy", noisy), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
                      ("chunk", torch.tensor(obs.chunk, device=chain.device))):
             self.parts[k].append(v)
         self.parts["instructions"].extend(obs.instructions)
@@ -258,6 +259,15 @@ def sampled_log_prob(step_lp: torch.Tensor, noisy: torch.Tensor | None, cfg: GRP
     if cfg.noisy_transitions == "one":
         return step_lp[torch.arange(len(step_lp), device=step_lp.device), noisy]
     return reduce_steps(step_lp, cfg)
+
+
+def whole_chain(cfg: GRPOConfig) -> GRPOConfig:
+    """``cfg`` with every denoising transition in the log-density. The step-size control measures
+    the KL on it even when the ratio keeps only the first transitions: the rollouts act with the
+    whole chain, and the late transitions (small std) are where a step moves the density most.
+    Measured on the H200 (bench/RESULTS.md, GRPO run 8): with ratio_transitions=3 the first three
+    transitions' KL stayed near 1e-4, the lr climbed to lr_max and the policy collapsed to 0%."""
+    return replace(cfg, ratio_transitions=0)
 
 
 def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
@@ -336,11 +346,13 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
 @torch.no_grad()
 def final_kl(model, norm, lang, batch: dict, keep: torch.Tensor, n_mb: int, cfg: GRPOConfig, autocast) -> float:
     """Approximate KL per element (k3) between the policy that acted and the updated one, over
-    all the step's kept chunks: how far this step moved the policy."""
+    all the step's kept chunks and the whole denoising chain (``whole_chain``): how far this step
+    moved the policy."""
     total, count = 0.0, 0
     for idx in keep.tensor_split(n_mb):
         with autocast:
-            log_ratio = element_log_prob(model, norm, lang, batch, idx, cfg).float() - batch["old_lp"][idx]
+            lp = element_log_prob(model, norm, lang, batch, idx, whole_chain(cfg)).float()
+        log_ratio = lp - batch["chain_lp"][idx]
         total += float(((torch.exp(log_ratio) - 1) - log_ratio).sum())
         count += log_ratio.numel()
     return total / max(count, 1)
@@ -410,7 +422,8 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
             noisy = noisy if cfg.noisy_transitions == "one" else None
             s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps,
                            noisy=noisy)
-        buf.add(obs, s.chain, sampled_log_prob(s.element_log_probs, noisy, cfg), noisy)
+        buf.add(obs, s.chain, sampled_log_prob(s.element_log_probs, noisy, cfg),
+                sampled_log_prob(s.element_log_probs, noisy, whole_chain(cfg)), noisy)
         return to_controller(s.actions * L.norm["a_s"] + L.norm["a_c"], L.model.cfg.gripper_deadband)
 
     t0 = time.perf_counter()
