@@ -661,7 +661,8 @@ class GRPOConfig:
     # about its std, so the late transitions add most of the gradient's variance and little of
     # its signal; dropping them treats their noise as the environment's. On a CPU toy
     # (bench/grpo_snr.py) N = 3 doubled the gradient's batch-to-batch agreement but learned no
-    # faster than all K (RESULTS.md), so all K stays the default until the GPU A/B.
+    # faster than all K; on the H200 (GRPO runs 8 and 9) N = 3 collapsed the policy within 10-15
+    # steps (RESULTS.md), so all K is the default.
     ratio_transitions: int = 0
     # Where the rollouts' exploration noise goes: "all" K denoising transitions are stochastic (the
     # ratio is the whole chain's density), or "one", drawn uniformly per chunk, while the others
