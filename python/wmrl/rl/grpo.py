@@ -183,7 +183,8 @@ class Rollouts:
         if noisy is None:
             noisy = torch.full((len(chain),), -1, dtype=torch.long, device=chain.device)
         for k, v in (("main", obs.main), ("wrist", obs.wrist), ("proprio", obs.proprio), ("chain", chain),
-                     ("old_lp", old_lp), ("chain_lp", chain_lp), ("noisy", noisy), ("rollout", torch.tensor(obs.rollout, device=chain.device)),
+                     ("old_lp", old_lp), ("chain_lp", chain_lp), ("noisy", noisy),
+                     ("rollout", torch.tensor(obs.rollout, device=chain.device)),
                      ("chunk", torch.tensor(obs.chunk, device=chain.device))):
             self.parts[k].append(v)
         self.parts["instructions"].extend(obs.instructions)
