@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from wmrl.procs import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("WMRL_TEST_DOCKER_CACHE", Path.home() / ".cache/wmrl/docker-test"))
 SUITE = "bookworm"
@@ -115,7 +117,9 @@ def start_daemon() -> Daemon:
             ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", f"--storage-driver={storage}",
              "--data-root", str(CACHE / f"data-{storage}"), "--exec-root", str(run_dir / "exec"),
              "--pidfile", str(run_dir / "dockerd.pid"), "--host", f"unix://{sock}"],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            # its own session (no terminal signal reaches it) but dead with this process: a test
+            # process that crashes (no teardown, no atexit) must not leave a daemon holding the cache
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         host = f"unix://{sock}"
         if _wait_ping(host, proc, 60):
             log(f"dockerd ({storage}) on {host}")
