@@ -37,8 +37,7 @@ def _policy_and_batch(sft_run, n=6, cfg=TINY.grpo):
         s = sde_sample(model, prefix, model.cfg.denoise_steps, cfg.noise_level, temperature=cfg.temperature,
                        noise=x0, step_noise=eps, noisy=noisy)
     buf = grpo.Rollouts()
-    buf.add(obs, s.chain, grpo.sampled_log_prob(s.element_log_probs, noisy, cfg),
-            grpo.sampled_log_prob(s.element_log_probs, noisy, grpo.whole_chain(cfg)), noisy)
+    buf.add(obs, s.chain, *grpo.stored_log_probs(s.element_log_probs, noisy, cfg), noisy)
     return model, loaded, buf.tensors()
 
 

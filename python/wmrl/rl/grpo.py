@@ -28,8 +28,8 @@ Read top to bottom; one GRPO step is
                  ``epochs`` x ``minibatches`` optimizer steps, stopped early once the
                  approximate KL passes ``target_kl``
     5. step size the KL between the policy that acted and the updated one, measured on the
-                 step's chunks over the whole denoising chain, sets the next step's learning rate (x or / 1.5 towards
-                 ``desired_kl``): how far one step moves the flow policy varies too much
+                 step's chunks over the whole denoising chain, sets the next step's learning
+                 rate (x or / 1.5 towards ``desired_kl``): how far one step moves the flow policy varies too much
                  between runs for a fixed lr (bench/RESULTS.md)
 
 and the cadence of the original (seed 000): every ``eval_interval`` (5) steps the policy's
@@ -271,6 +271,13 @@ def whole_chain(cfg: GRPOConfig) -> GRPOConfig:
     return replace(cfg, ratio_transitions=0)
 
 
+def stored_log_probs(step_lp: torch.Tensor, noisy: torch.Tensor | None, cfg: GRPOConfig):
+    """What a sampled chunk keeps for the update: (the ratio's log-density, the whole chain's for
+    the step-size control); one and the same when the ratio covers the whole chain."""
+    old_lp = sampled_log_prob(step_lp, noisy, cfg)
+    return old_lp, (old_lp if cfg.ratio_transitions == 0 else sampled_log_prob(step_lp, noisy, whole_chain(cfg)))
+
+
 def element_log_prob(model, norm, lang, batch: dict, idx, cfg: GRPOConfig):
     """log p of the stored chains of rows ``idx`` under ``model``: (b, chunk, A), the K denoising
     transitions reduced by ``cfg.logprob_reduce``, or the one noisy transition's."""
@@ -423,8 +430,7 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
             noisy = noisy if cfg.noisy_transitions == "one" else None
             s = sde_sample(L.model, prefix, k, cfg.noise_level, temperature=cfg.temperature, noise=x0, step_noise=eps,
                            noisy=noisy)
-        buf.add(obs, s.chain, sampled_log_prob(s.element_log_probs, noisy, cfg),
-                sampled_log_prob(s.element_log_probs, noisy, whole_chain(cfg)), noisy)
+        buf.add(obs, s.chain, *stored_log_probs(s.element_log_probs, noisy, cfg), noisy)
         return to_controller(s.actions * L.norm["a_s"] + L.norm["a_c"], L.model.cfg.gripper_deadband)
 
     t0 = time.perf_counter()
