@@ -7,7 +7,9 @@ versions beside its figures (``BENCH_OUT/<phase>_settings.json``), the wall time
 returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
-    python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6]
+    python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1]
+    python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
+                               VARIANTS=0,3,1]   (the GRPO gradient's signal and noise: bench/grpo_signal.py)
     python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 ...
                                (a carried policy instead of learn: carry .offline/policy; bench/policy_pack.py)
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
@@ -191,7 +193,10 @@ def phase_eval(v: dict, env: dict) -> None:
     args = ["--run", run, "--ckpt", ckpt, "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
             *(["--sampler", v["SAMPLER"]] if "SAMPLER" in v else []),
             *(["--temperature", v["TEMPERATURE"]] if "TEMPERATURE" in v else []),
-            *(["--out", v["OUT_DIR"], "--overwrite"] if "OUT_DIR" in v else [])]
+            *(["--out", v["OUT_DIR"]] if "OUT_DIR" in v else []),
+            # OVERWRITE=1 (evaluate.py's own advice when an evaluation exists): e.g. the same checkpoint with
+            # another sampler into the default folder; OUT_DIR alone keeps its old meaning (a fresh folder)
+            *(["--overwrite"] if "OUT_DIR" in v or v.get("OVERWRITE") == "1" else [])]
     stage(f"eval_{ckpt.replace('/', '_')}", "evaluate.py", args, env)
     pack(Path(run), "eval")
 
@@ -349,6 +354,17 @@ def phase_sim(v: dict, env: dict) -> None:
     pack(Path(run), "sim")
 
 
+def phase_signal(v: dict, env: dict) -> None:
+    """The GRPO gradient's signal and noise for RUN's policy (bench/grpo_signal.py): how many groups
+    a step needs, measured on real rollouts; the JSON comes back in OUT."""
+    run = v.get("RUN", "runs/h200")
+    stage("signal", "bench/grpo_signal.py",
+          ["--policy", f"{run}/weights/{v.get('CKPT', 'sft/4000').replace('/', '/global_step_')}",
+           "--steps", v.get("BATCHES", "4"), "--groups", v.get("GROUPS", "16"), "--group-size", v.get("GROUP_SIZE", "8"),
+           "--workers", v.get("WORKERS", str(os.cpu_count())), "--ratio-transitions", v.get("VARIANTS", "0,3,1"),
+           "--device", "cuda", "--json", OUT / "signal.json"], env)
+
+
 def phase_speedrun(v: dict, env: dict) -> None:
     """``make speedrun``'s stages with this machine's Python (PROFILE=speedrun unless given):
     demonstrations -> SFT -> one cycle (collect, both world models, reward, pair, GRPO in the
@@ -398,7 +414,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
           "rank": phase_rank, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
-          "distill": phase_distill,
+          "distill": phase_distill, "signal": phase_signal,
           "bimanual": phase_bimanual}
 
 

@@ -307,8 +307,11 @@ def test_speedrun_takes_its_own_profile_unless_told():
     assert r.stdout.count("PROFILE=speedrun") == 3 and "PROFILE=default" not in r.stdout
     fast, full = get_profile("speedrun"), get_profile("default")
     assert fast.policy == full.policy and fast.wm.main == full.wm.main  # the same models
-    # and the same GRPO, which only evaluates at its last step there
-    assert dataclasses.replace(fast.grpo, eval_interval=full.grpo.eval_interval) == full.grpo
+    # and the same GRPO, which only evaluates at its last step there and keeps the small steps its
+    # timing was measured with
+    assert dataclasses.replace(fast.grpo, eval_interval=full.grpo.eval_interval, groups=full.grpo.groups,
+                               minibatches=full.grpo.minibatches) == full.grpo
+    assert fast.grpo.groups < full.grpo.groups
     assert fast.sft.steps < full.sft.steps and fast.wm.train.steps < full.wm.train.steps
 
 

@@ -622,7 +622,13 @@ class GRPOConfig:
 
     env: str = "sim"  # sim: the real simulator (reward = success); wm: imagination in the model pair
     group_size: int = 8  # rollouts that share a start state
-    groups: int = 8  # start states per step
+    # Start states per step. 64 x 8 = 512 rollouts, RLinf's step for pi0 on LIBERO: measured on real
+    # rollouts of the supervised policy (bench/grpo_signal.py, RESULTS.md), one group's policy gradient
+    # is almost all noise (two groups' gradients are orthogonal, even for the same task): the squared
+    # signal is indistinguishable from zero, and even at two standard errors above its estimate a step
+    # needs 26-114 groups (by estimator) before its signal matches its noise. The ten H200 runs with
+    # 4-8 groups per step never gained beyond their spread.
+    groups: int = 64
     max_chunks: int = 30  # 240 policy steps
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
@@ -673,9 +679,13 @@ class GRPOConfig:
     # "sequence": every rollout weighs the same (GRPO's 1/|o_i|), so the long failed rollouts (30 chunks)
     # do not outweigh the short successful ones; "token": every chunk weighs the same.
     loss_agg: str = "sequence"
+    # Log the cosine between the policy gradients of the step's even and odd groups (before the
+    # update; one more forward and backward pass): whether a step of this many rollouts carries a
+    # direction or mostly noise (``grpo.gradient_agreement``).
+    grad_agreement: bool = True
     target_kl: float = 0.02  # stop a step's update once the approximate KL per element passes this (0: never)
     epochs: int = 1  # passes over each step's rollouts
-    minibatches: int = 4  # optimizer steps per pass (the chunks split evenly)
+    minibatches: int = 16  # optimizer steps per pass (the chunks split evenly; ~750 chunks each at 512 rollouts)
     adv_eps: float = 1e-6
     eval_interval: int = 5  # policy weights + a real-simulator evaluation every N steps
     full_interval: int = 10  # the full state (optimizer, RNG, position) every N steps and at the last
@@ -856,7 +866,8 @@ _PROFILES: dict[str, Profile] = {
         # the default batch of 256 (one micro batch); at most 1,500 updates or the cycle's minutes
         wm=WMProfile(train=WMTrainConfig(steps=1500, save_interval=250, eval_interval=250)),
         reward=RewardConfig(steps=500),
-        grpo=GRPOConfig(eval_interval=10),
+        # the speedrun's GRPO keeps the small steps its 20-minute timing was measured with
+        grpo=GRPOConfig(eval_interval=10, groups=8, minibatches=4),
         cycle=CycleConfig(grpo_steps=10, wm_max_minutes=5.0),
     ),
 }

@@ -133,12 +133,12 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
         lr_ax.tick_params(labelsize=7)
         lr_ax.legend(fontsize=7, loc="upper right")
 
-    for ax, lines, title in ((axes[2], (("clip_fraction", "clip fraction"), ("skipped_share", "groups skipped")),
-                              "signal"),
+    for ax, lines, title in ((axes[2], (("clip_fraction", "clip fraction"), ("skipped_share", "groups skipped"),
+                                        ("grad_cos_halves", "gradient cosine, even vs odd groups")), "signal"),
                              (axes[3], (("rollout_s", "rollouts"), ("update_s", "update")), "seconds per step")):
         for key, label in lines:
-            if recs:
-                ax.plot(steps, [r.get(key, 0.0) for r in recs], label=label)
+            if any(key in r for r in recs):  # runs logged before a figure existed leave it out
+                ax.plot(steps, [r.get(key, float("nan")) for r in recs], label=label)
         ax.set_title(title, fontsize=9)
     for ax in axes:
         ax.set_xlabel("GRPO step")

@@ -174,6 +174,37 @@ def test_expert_only_training_leaves_the_encoder_as_it_was(sft_run):
         override(TINY.grpo, trainable="vision")
 
 
+def test_gradient_agreement_reads_plus_one_for_two_equal_halves_and_minus_one_for_opposite_ones(sft_run):
+    """The diagnostic compares the policy gradients of the even and the odd groups: when the odd
+    group repeats the even one's chains the two gradients are the same (cosine 1), with its
+    advantages negated they are opposite (-1), and nothing is updated or left in .grad."""
+    from wmrl.config import override
+
+    model, loaded, batch = _policy_and_batch(sft_run)
+    cfg = override(TINY.grpo, group_size=3)
+    twin = torch.tensor([0, 1, 2, 0, 1, 2])  # rollouts 3-5 (group 1) repeat rollouts 0-2 (group 0)
+    batch = {k: ([v[i] for i in twin.tolist()] if k == "instructions" else v[twin]) for k, v in batch.items()}
+    batch["rollout"] = torch.arange(6)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    norm, off = loaded.norm.tensors(), torch.autocast("cpu", enabled=False)
+    weights, keep = torch.ones(6), torch.arange(6)
+    for sign in (1.0, -1.0):
+        adv = torch.tensor([1.0, -0.5, -0.5, sign * 1.0, sign * -0.5, sign * -0.5])
+        st = grpo.gradient_agreement(model, batch, adv, weights, keep, 2, cfg, norm=norm, lang=loaded.lang,
+                                     autocast=off)
+        assert st["grad_cos_halves"] == pytest.approx(sign, abs=1e-4)
+        assert st["grad_groups"] == 2 and st["grad_signal_sq"] * sign > 0
+        # equal groups: no noise between them; opposite ones: all of it is
+        expected = 0.0 if sign > 0 else 2 * abs(st["grad_signal_sq"])
+        assert st["grad_noise_group"] == pytest.approx(expected, abs=1e-5 * abs(st["grad_signal_sq"]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # and the update logs it
+    st = grpo.update(model, opt, batch, torch.tensor([1.0, -0.5, -0.5, 1.0, -0.5, -0.5]), cfg, norm=norm,
+                     lang=loaded.lang, autocast=off, step=1)
+    assert st["grad_cos_halves"] == pytest.approx(1.0, abs=1e-4) and st["optimizer_steps"] >= 1
+
+
 def test_identical_rewards_in_every_group_give_a_zero_update(sft_run):
     model, loaded, batch = _policy_and_batch(sft_run)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -313,6 +313,9 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     n_mb = min(cfg.minibatches, len(keep))
     sums: dict[str, float] = {}
     model.train()
+    if cfg.grad_agreement:
+        stats.update(gradient_agreement(model, batch, sample_adv, weights, keep, n_mb, cfg, norm=norm, lang=lang,
+                                        autocast=autocast))
     for _ in range(cfg.epochs):
         perm = keep[torch.randperm(len(keep), generator=g).to(keep.device)]
         for idx in perm.tensor_split(n_mb):
@@ -349,6 +352,63 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
         stats["approx_kl_final"] = final_kl(model, norm, lang, batch, keep, n_mb, cfg, autocast)
         stats["lr_next"] = adapt_lr(opt, stats["approx_kl_final"], cfg)
     return stats
+
+
+def group_gradients(model, batch: dict, sample_adv: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor,
+                    n_mb: int, cfg: GRPOConfig, *, norm, lang, autocast) -> tuple[list[int], torch.Tensor]:
+    """Each group's policy gradient at the parameters that acted (ratio 1: -A grad log p, its
+    rollouts weighed as the update weighs them), over the trained parameters: (group ids,
+    (groups, parameters)), for the groups with a signal (``keep``). Nothing is updated."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    group = batch["rollout"] // cfg.group_size  # rollout id = group * group_size + member
+    ids = group[keep].unique().tolist()
+    grads = []
+    for g in ids:
+        rows = keep[group[keep] == g]
+        for p in params:
+            p.grad = None
+        wsum = weights[rows].sum()
+        for idx in rows.tensor_split(max(1, -(-len(rows) * n_mb // len(keep)))):  # the update's minibatch size
+            with autocast:
+                lp = element_log_prob(model, norm, lang, batch, idx, cfg).float()
+            (-(sample_adv[idx] * weights[idx] * lp.mean(dim=(1, 2))).sum() / wsum).backward()
+        grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float()
+                                for p in params]))
+    for p in params:
+        p.grad = None
+    return ids, (torch.stack(grads) if grads else torch.zeros(0))
+
+
+def agreement(ids: list[int], G: torch.Tensor) -> dict:
+    """Signal and noise of group gradients g_i = mu + e_i (independent e_i):
+
+    - ``grad_signal_sq``: the mean of g_i . g_j over pairs of different groups, an unbiased
+      estimate of |mu|^2 (negative when the noise hides it);
+    - ``grad_noise_group``: the mean |g_i|^2 minus that, one group's noise E|e|^2; a step of n
+      such groups has noise E|e|^2 / n, so ``grad_noise_group / grad_signal_sq`` is how many
+      groups a step needs before its signal is as large as its noise (bench/RESULTS.md);
+    - ``grad_cos_halves``: the cosine between the even-numbered and the odd-numbered groups'
+      mean gradients, near 1 when the step's signal dominates and near 0 when its noise does."""
+    n = len(ids)
+    if n < 2:  # one group with a signal (or none): nothing to compare
+        return {"grad_cos_halves": float("nan"), "grad_groups": n}
+    gram = (G @ G.T).double()
+    signal = float((gram.sum() - gram.diagonal().sum()) / (n * (n - 1)))
+    parity = torch.tensor(ids, device=G.device) % 2
+    even, odd = G[parity == 0], G[parity == 1]
+    cos = float("nan")
+    if len(even) and len(odd):
+        cos = float(torch.nn.functional.cosine_similarity(even.mean(0), odd.mean(0), dim=0))
+    return {"grad_cos_halves": cos, "grad_signal_sq": signal,
+            "grad_noise_group": float(gram.diagonal().mean()) - signal, "grad_groups": n}
+
+
+def gradient_agreement(model, batch: dict, sample_adv: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor,
+                       n_mb: int, cfg: GRPOConfig, *, norm, lang, autocast) -> dict:
+    """Does this step's batch carry a direction, or mostly noise? ``agreement`` of its
+    ``group_gradients``; costs one more forward and backward pass over the step's chunks."""
+    return agreement(*group_gradients(model, batch, sample_adv, weights, keep, n_mb, cfg, norm=norm, lang=lang,
+                                      autocast=autocast))
 
 
 @torch.no_grad()
@@ -410,10 +470,9 @@ class Learner:
     ref_model: torch.nn.Module | None = None
 
 
-def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, torch.Tensor | None]:
-    """One GRPO step in ``env``: rollouts -> advantages -> the clipped update. Returns the log
-    record, the outcomes and the advantages (on ranks other than 0, which only roll out:
-    None, [], None)."""
+def roll_out(learner: Learner, env, step: int) -> tuple[list, list, Rollouts, float]:
+    """Step ``step``'s start states in ``env`` and this process's rollouts from them: the
+    outcomes, every acted chunk with its chain and stored log-densities, and the seconds they took."""
     from wmrl.policy.runner import to_controller
     from wmrl.policy.sampling import sde_sample
     from wmrl.rl import ranks
@@ -436,7 +495,17 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
     t0 = time.perf_counter()
     starts = env.starts(step)
     outcomes = env.run(ranks.share(starts), cfg.group_size, act)  # this process's groups (all, alone)
-    rollout_s = time.perf_counter() - t0
+    return starts, outcomes, buf, time.perf_counter() - t0
+
+
+def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, torch.Tensor | None]:
+    """One GRPO step in ``env``: rollouts -> advantages -> the clipped update. Returns the log
+    record, the outcomes and the advantages (on ranks other than 0, which only roll out:
+    None, [], None)."""
+    from wmrl.rl import ranks
+
+    L, cfg = learner, learner.cfg
+    starts, outcomes, buf, rollout_s = roll_out(L, env, step)
     shares = ranks.gather((outcomes, buf.tensors("cpu") if ranks.world()[1] > 1 else None, rollout_s))
     if shares is None:  # another rank learns; take its weights once it has
         ranks.send_weights(L.model)
