@@ -109,8 +109,13 @@ def main(argv=None) -> dict:
         sts = [s for s in sts if "grad_signal_sq" in s]
         if not sts:
             continue
-        signal = sum(s["grad_signal_sq"] for s in sts) / len(sts)
+        per_batch = [s["grad_signal_sq"] for s in sts]
+        signal = sum(per_batch) / len(per_batch)
+        # the batches are independent estimates: their spread says how well the signal is known
+        se = (sum((x - signal) ** 2 for x in per_batch) / (len(per_batch) - 1) / len(per_batch)) ** 0.5 \
+            if len(per_batch) > 1 else float("nan")
         noise = sum(s["grad_noise_group"] for s in sts) / len(sts)
+        bound = signal + 2 * se
         # across batches the policy is the same, so a task met in two batches (other placements, other
         # rollouts) tells task-specific direction apart from sampling noise
         same, other = [], []
@@ -121,15 +126,19 @@ def main(argv=None) -> dict:
                     (same if ta == tb else other).append(float(ga @ gb))
         norm_sq = sum(float(g @ g) for *_, g in kept[v]) / len(kept[v])
         table.append({"ratio_transitions": v, "batches": len(sts), "signal_sq": signal, "noise_group": noise,
+                      "signal_se": se, "signal_per_batch": per_batch,
                       "groups_for_snr_1": noise / signal if signal > 0 else float("inf"),
+                      # at most this much signal (two standard errors above the estimate): at least this many groups
+                      "groups_for_snr_1_at_bound": noise / bound if bound > 0 else float("inf"),
                       "cos_halves": [round(s["grad_cos_halves"], 3) for s in sts],
                       "group_norm_sq": norm_sq,
                       "same_task_dot": sum(same) / len(same) if same else None, "same_task_pairs": len(same),
                       "other_task_dot": sum(other) / len(other) if other else None, "other_task_pairs": len(other)})
-    print("\nratio_transitions | signal |mu|^2 | one group's noise | groups per step for SNR 1 | cosine even/odd, per batch")
+    print("\nratio_transitions | signal |mu|^2 +- s.e. | one group's noise | groups per step for SNR 1 (estimate; "
+          "at estimate + 2 s.e.) | cosine even/odd, per batch")
     for r in table:
-        print(f"{r['ratio_transitions']:>17} | {r['signal_sq']:.3e} | {r['noise_group']:.3e} | "
-              f"{r['groups_for_snr_1']:.1f} | {r['cos_halves']}")
+        print(f"{r['ratio_transitions']:>17} | {r['signal_sq']:.3e} +- {r['signal_se']:.1e} | {r['noise_group']:.3e} | "
+              f"{r['groups_for_snr_1']:.1f}; >= {r['groups_for_snr_1_at_bound']:.1f} | {r['cos_halves']}")
     print("\nratio_transitions | mean |g|^2 of a group | g . g', same task, two batches | g . g', other tasks, two batches")
     for r in table:
         print(f"{r['ratio_transitions']:>17} | {r['group_norm_sq']:.3e} | {r['same_task_dot']} ({r['same_task_pairs']} "
