@@ -183,7 +183,7 @@ def compare(student, teacher, val, view: str, n: int, device) -> dict:
         out[name] = {"sample_steps": model.cfg.sample_steps, "frames_per_s": round(len(idx) / dt, 1),
                      "psnr": round(float(psnr(frames[name].float(), b["target"]).mean()), 2)}
     out["student_vs_teacher_psnr"] = round(float(psnr(frames["student"].float(), frames["teacher"].float()).mean()), 2)
-    out["speedup"] = round(out["student"]["frames_per_s"] / out["teacher"]["frames_per_s"], 2)
+    out["speedup"] = float(f"{out['student']['frames_per_s'] / out['teacher']['frames_per_s']:.3g}")  # 3 significant figures
     return out
 
 
