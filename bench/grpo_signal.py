@@ -80,13 +80,8 @@ def main(argv=None) -> dict:
             starts, outcomes, buf, rollout_s = grpo.roll_out(learner, env, step)
             task_of = {s.group: s.task for s in starts}
             batch = buf.tensors()
-            rewards = torch.tensor([float(o.success) for o in outcomes], device=device)
-            adv, skipped = grpo.group_advantages(rewards, torch.tensor([o.group for o in outcomes], device=device),
-                                                 cfg.adv_eps)
-            sample_adv = adv[batch["rollout"]]
-            keep = torch.nonzero(sample_adv != 0).flatten()
-            counts = torch.bincount(batch["rollout"]).float()
-            weights = 1.0 / counts[batch["rollout"]]
+            rewards, adv, skipped = grpo.outcome_advantages(outcomes, cfg, device)
+            sample_adv, keep, weights = grpo.chunk_advantages(batch, adv, cfg)  # as the update weighs them
             batches.append({"step": step, "success": float(rewards.mean()), "skipped_groups": skipped,
                             "tasks": [task_of[g] for g in sorted(task_of)], "chunks": len(batch["rollout"]),
                             "rollout_s": round(rollout_s, 1)})

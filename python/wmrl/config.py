@@ -679,9 +679,9 @@ class GRPOConfig:
     # "sequence": every rollout weighs the same (GRPO's 1/|o_i|), so the long failed rollouts (30 chunks)
     # do not outweigh the short successful ones; "token": every chunk weighs the same.
     loss_agg: str = "sequence"
-    # Log the cosine between the policy gradients of the step's even and odd groups (before the
-    # update; one more forward and backward pass): whether a step of this many rollouts carries a
-    # direction or mostly noise (``grpo.gradient_agreement``).
+    # Log whether a step of this many rollouts carries a direction or mostly noise: every group's
+    # policy gradient before the update gives the squared signal, one group's noise and the cosine
+    # between the even and odd groups (``grpo.gradient_agreement``; one more forward and backward pass).
     grad_agreement: bool = True
     target_kl: float = 0.02  # stop a step's update once the approximate KL per element passes this (0: never)
     epochs: int = 1  # passes over each step's rollouts

@@ -226,6 +226,25 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float) ->
     return adv, skipped
 
 
+def outcome_advantages(outcomes: list, cfg: GRPOConfig, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Rewards (success-once) of a step's rollouts, their group-relative advantages and the
+    number of groups skipped because their members agreed."""
+    rewards = torch.tensor([float(o.success) for o in outcomes], device=device)
+    adv, skipped = group_advantages(rewards, torch.tensor([o.group for o in outcomes], device=device), cfg.adv_eps)
+    return rewards, adv, skipped
+
+
+def chunk_advantages(batch: dict, adv: torch.Tensor, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per acted chunk: its rollout's advantage, the rows the update uses (a non-zero one) and each
+    chunk's weight in the loss ("sequence": 1 / chunks of its rollout, so every rollout counts the
+    same; "token": 1)."""
+    sample_adv = adv[batch["rollout"]]
+    keep = torch.nonzero(sample_adv != 0).flatten()
+    counts = torch.bincount(batch["rollout"]).float()
+    weights = 1.0 / counts[batch["rollout"]] if cfg.loss_agg == "sequence" else torch.ones_like(sample_adv)
+    return sample_adv, keep, weights
+
+
 def clipped_surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor, clip_low: float,
                       clip_high: float, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """PPO's clipped objective per action element: -min(r A, clip(r, 1 - low, 1 + high) A);
@@ -299,16 +318,12 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     step's update early once the approximate KL passes ``cfg.target_kl``."""
     from wmrl.rl.envs import derived_seed
 
-    sample_adv = adv[batch["rollout"]]
-    keep = torch.nonzero(sample_adv != 0).flatten()
+    sample_adv, keep, weights = chunk_advantages(batch, adv, cfg)
     stats = {"update_chunks": int(len(keep)), "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0,
              "kl_ref": 0.0, "optimizer_steps": 0, "early_stop": False, "approx_kl_start": 0.0, "approx_kl_final": 0.0,
              "approx_kl_stop": 0.0, "lr": opt.param_groups[0]["lr"]}
     if len(keep) == 0:
         return stats  # no group carried a signal: no update
-    # "sequence": a chunk weighs 1 / (chunks of its rollout), so every rollout counts the same
-    counts = torch.bincount(batch["rollout"]).float()
-    weights = 1.0 / counts[batch["rollout"]] if cfg.loss_agg == "sequence" else torch.ones_like(sample_adv)
     g = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 0x0D))  # minibatch order
     n_mb = min(cfg.minibatches, len(keep))
     sums: dict[str, float] = {}
@@ -518,9 +533,7 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
         batch = buf.tensors()
 
     # advantages: success against the group's mean
-    rewards = torch.tensor([float(o.success) for o in outcomes], device=L.device)
-    groups = torch.tensor([o.group for o in outcomes], device=L.device)
-    adv, skipped = group_advantages(rewards, groups, cfg.adv_eps)
+    rewards, adv, skipped = outcome_advantages(outcomes, cfg, L.device)
 
     # the PPO-clipped update
     t1 = time.perf_counter()
