@@ -15,7 +15,9 @@ returns only a few files).
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
-                               GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)]
+                               GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
+                               PACK_BACK=1: each seed's newest weights into BENCH_OUT as a delta against POLICY_PACK;
+                               unpack one later with POLICY_PACK=<delta> POLICY_BASE=<the full pack>]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
@@ -183,7 +185,8 @@ def phase_unpack(v: dict, env: dict) -> None:
     from the same policy. Does nothing when it is already unpacked."""
     if "POLICY_PACK" not in v:
         sys.exit("error: unpack needs POLICY_PACK=<a .tar.xz from bench/policy_pack.py pack>")
-    if stage("unpack", "bench/policy_pack.py", ["unpack", v["POLICY_PACK"], v.get("RUN", "runs/h200")], env):
+    base = ["--base", v["POLICY_BASE"]] if "POLICY_BASE" in v else []  # a delta pack's full pack (PACK_BACK below)
+    if stage("unpack", "bench/policy_pack.py", ["unpack", v["POLICY_PACK"], v.get("RUN", "runs/h200"), *base], env):
         sys.exit(1)
 
 
@@ -232,6 +235,16 @@ def phase_grpo(v: dict, env: dict) -> None:
     for p in procs:
         finish(*p)
     pack(root, "grpo" + v.get("TAG", ""))
+    if v.get("PACK_BACK") == "1":  # the newest weights of each seed come back, to continue in a later session
+        base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
+        if base is None:
+            sys.exit("error: PACK_BACK=1 packs against the run's carried pack: give POLICY_PACK=... (or POLICY_BASE=...)")
+        for s in seeds:
+            steps = RunLayout(root / f"seed{s}").policy_steps("policy")
+            if steps:
+                stage(f"pack_seed{s}", "bench/policy_pack.py",
+                      ["pack", RunLayout(root / f"seed{s}").checkpoint(steps[-1]),
+                       OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}.tar.xz", "--base", base], env)
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:

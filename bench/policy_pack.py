@@ -7,6 +7,13 @@ The pack is the checkpoint's weights in float16 (or --dtype bfloat16), norm stat
 language cache, xz-compressed: 19 MiB for the default policy, which fits beside the offline
 bundle in one call's 64 MiB (wmrl.policy.pack says why float16). ``bench/gpu.py`` unpacks one
 given as POLICY_PACK=... before its phases (``unpack+grpo``).
+
+A policy trained on from an unpacked pack (GRPO) packs as a delta against that pack (only the
+changed tensors, ~13 MiB: it comes back from a GPU call) and unpacks with the same base:
+
+    python3 bench/policy_pack.py pack runs/h200/grpo/seed0/weights/policy/global_step_6 grpo6.tar.xz \
+        --base .offline/policy/sft4000.tar.xz
+    python3 bench/policy_pack.py unpack grpo6.tar.xz runs/h200b --base .offline/policy/sft4000.tar.xz
 """
 
 from __future__ import annotations
@@ -28,19 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("checkpoint")
     a.add_argument("out")
     a.add_argument("--dtype", default="float16", choices=DTYPES)
+    a.add_argument("--base", help="a full pack this checkpoint was trained from: keep only the tensors that differ")
     b = sub.add_parser("unpack", help="a .tar.xz -> RUN/weights/<kind>/global_step_<step>")
     b.add_argument("pack")
     b.add_argument("run")
     b.add_argument("--kind", default="sft", choices=("sft", "policy"))
     b.add_argument("--step", type=int, default=None, help="default: the packed checkpoint's step")
+    b.add_argument("--base", help="for a delta pack: the full pack it was made against")
     args = p.parse_args(argv)
     try:
         if args.cmd == "pack":
-            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype)
+            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype, base=args.base)
+            delta = f", {meta['tensors']} tensors that differ from {args.base}" if args.base else ""
             print(f"[pack] {args.out}: {Path(args.out).stat().st_size / 2**20:.1f} MiB, {meta['dtype']}, "
-                  f"step {meta['config'].get('step')}")
+                  f"step {meta['config'].get('step')}{delta}")
         else:
-            print(f"[pack] {unpack_checkpoint(args.pack, args.run, kind=args.kind, step=args.step)}")
+            print(f"[pack] {unpack_checkpoint(args.pack, args.run, kind=args.kind, step=args.step, base=args.base)}")
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     return 0

@@ -54,3 +54,44 @@ def test_bfloat16_and_refusals(trained_run, tmp_path):
         tar.add(__file__, arcname="weights.safetensors")
     with pytest.raises(CheckpointError, match="missing"):
         unpack_checkpoint(foreign, tmp_path / "run3")
+
+
+def test_delta_pack_keeps_only_changed_tensors_and_needs_its_base(trained_run, tmp_path):
+    """A policy trained on from an unpacked pack (GRPO trains part of it) packs as the tensors
+    that changed; unpacked with its base it equals the full pack of the same checkpoint."""
+    from wmrl.policy.checkpoint import save_checkpoint
+    from wmrl.policy.model import FlowPolicy
+
+    base = tmp_path / "base.tar.xz"
+    pack_checkpoint(RunLayout(trained_run).checkpoint(10, "sft"), base)
+    start = unpack_checkpoint(base, tmp_path / "start")  # what a GRPO run starts from
+    src = load_checkpoint(start)
+    model = FlowPolicy(src.cfg)
+    model.load_state_dict(src.weights)
+    changed = [k for k in src.weights if src.weights[k].is_floating_point()][:2]
+    with torch.no_grad():
+        for k in changed:
+            model.state_dict()[k].add_(0.01)
+    trained = save_checkpoint(tmp_path / "trained", model, step=6, image_size=src.image_size, norm=src.norm,
+                              lang=src.lang)
+
+    delta = tmp_path / "delta.tar.xz"
+    meta = pack_checkpoint(trained, delta, base=base)
+    assert meta["tensors"] == len(changed) and meta["base"]["pack"] == "base.tar.xz"
+    assert delta.stat().st_size < base.stat().st_size
+    full = tmp_path / "full.tar.xz"
+    pack_checkpoint(trained, full)
+    a = load_checkpoint(unpack_checkpoint(delta, tmp_path / "a", base=base))
+    b = load_checkpoint(unpack_checkpoint(full, tmp_path / "b"))
+    assert a.step == 6 and set(a.weights) == set(b.weights)
+    assert all(torch.equal(a.weights[k], b.weights[k]) for k in b.weights)
+    assert not torch.equal(a.weights[changed[0]], src.weights[changed[0]])
+
+    with pytest.raises(CheckpointError, match="pass that pack as the base"):
+        unpack_checkpoint(delta, tmp_path / "c")
+    with pytest.raises(CheckpointError, match="not the pack"):
+        unpack_checkpoint(delta, tmp_path / "c", base=full)
+    with pytest.raises(CheckpointError, match="itself a delta"):
+        pack_checkpoint(trained, tmp_path / "d.tar.xz", base=delta)
+    with pytest.raises(CheckpointError, match="pack with dtype=float16"):
+        pack_checkpoint(trained, tmp_path / "d.tar.xz", dtype="bfloat16", base=base)

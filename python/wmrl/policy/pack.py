@@ -12,6 +12,13 @@ change below 5e-4. bfloat16 packs to 15 MiB but rounds what fp16 keeps (choose w
 
     pack_checkpoint(ckpt_dir, "policy.tar.xz")             # hash-verified read, atomic write
     unpack_checkpoint("policy.tar.xz", RUN, kind="sft")    # a normal checkpoint in RUN/weights/sft
+
+A policy trained further from an unpacked pack (GRPO trains the action expert only) packs as
+a *delta* against that pack: only the tensors whose half-precision values changed, ~13 MiB,
+small enough to come back from a GPU call (16 MiB a file) and to continue in a later session:
+
+    pack_checkpoint(grpo_ckpt, "grpo.tar.xz", base="policy.tar.xz")
+    unpack_checkpoint("grpo.tar.xz", RUN2, base="policy.tar.xz")
 """
 
 from __future__ import annotations
@@ -36,24 +43,41 @@ META = "pack.json"
 DTYPES = ("float16", "bfloat16")
 
 
-def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float16") -> dict:
+def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float16",
+                    base: str | os.PathLike | None = None) -> dict:
     """Write checkpoint folder ``ckpt`` (weights only; optimizer state is left out) to ``out``
-    (.tar.xz); returns the pack's metadata."""
+    (.tar.xz); returns the pack's metadata. With ``base`` (a full pack of the same architecture
+    and dtype) only the tensors that differ from it are kept."""
     import torch
-    from safetensors.torch import save
+    from safetensors.torch import load, save
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    based_on = None
+    if base is not None:  # checked before the checkpoint is read
+        base_meta, base_members = read_pack(base)
+        if base_meta.get("base"):
+            raise CheckpointError(f"{base} is itself a delta pack; give the full pack it was made against as the base")
+        if base_meta["dtype"] != dtype:
+            raise CheckpointError(f"{base} holds {base_meta['dtype']} weights; pack with dtype={base_meta['dtype']}")
+        based_on = {"pack": Path(base).name, "weights_sha256": base_meta["weights_sha256"]}
     loaded = load_checkpoint(ckpt)  # every file's SHA-256 checked first
     target = getattr(torch, dtype)
     if dtype == "float16":
         big = max(float(v.abs().max()) for v in loaded.weights.values() if v.is_floating_point())
         if big > 6e4:
             raise CheckpointError(f"{ckpt}: a weight of {big:.3g} overflows float16; pack with dtype=bfloat16")
-    weights = save({k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in loaded.weights.items()})
+    tensors = {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in loaded.weights.items()}
+    if based_on is not None:
+        ref = load(base_members[WEIGHTS])
+        if {k: tuple(v.shape) for k, v in ref.items()} != {k: tuple(v.shape) for k, v in tensors.items()}:
+            raise CheckpointError(f"{ckpt} and the base {base} are different architectures; pack without a base")
+        tensors = {k: v for k, v in tensors.items() if not torch.equal(v, ref[k])}
+    weights = save(tensors)
     meta = {"format": PACK_FORMAT, "dtype": dtype, "source": str(Path(ckpt).resolve()),
             "source_model_sha256": loaded.meta["files"]["model.safetensors"],
-            "weights_sha256": hashlib.sha256(weights).hexdigest(), "config": loaded.meta}
+            "weights_sha256": hashlib.sha256(weights).hexdigest(), "config": loaded.meta, "base": based_on,
+            "tensors": len(tensors)}
     members = {WEIGHTS: weights, META: json.dumps(meta, indent=1).encode(),
                NORM_FILE: (Path(ckpt) / NORM_FILE).read_bytes(), CACHE_FILE: (Path(ckpt) / CACHE_FILE).read_bytes()}
     with atomic_path(out) as tmp:
@@ -87,10 +111,11 @@ def read_pack(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
 
 
 def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: str = "sft",
-                      step: int | None = None) -> Path:
+                      step: int | None = None, base: str | os.PathLike | None = None) -> Path:
     """Write the pack as a weights-only checkpoint RUN/weights/<kind>/global_step_<step>
-    (float32 again; ``step``: the packed checkpoint's own by default). Rerunning it with the
-    same pack does nothing; a different checkpoint already there is refused."""
+    (float32 again; ``step``: the packed checkpoint's own by default). A delta pack needs the
+    ``base`` pack it was made against. Rerunning it with the same pack does nothing; a different
+    checkpoint already there is refused."""
     import torch
     from safetensors.torch import load
 
@@ -99,6 +124,17 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
     from wmrl.policy.model import FlowPolicy
 
     meta, members = read_pack(path)
+    base_weights = {}
+    if meta.get("base"):
+        wanted = meta["base"]
+        if base is None:
+            raise CheckpointError(f"{path} holds only the weights that differ from the pack {wanted['pack']}; "
+                                  f"pass that pack as the base (--base)")
+        base_meta, base_members = read_pack(base)
+        if base_meta["weights_sha256"] != wanted["weights_sha256"]:
+            raise CheckpointError(f"{base} is not the pack {path} was made against ({wanted['pack']}, weights "
+                                  f"{wanted['weights_sha256'][:12]}); pass that one as the base")
+        base_weights = load(base_members[WEIGHTS])
     src = meta["config"]
     step = int(src.get("step", 0) if step is None else step)
     dest = RunLayout(run).checkpoint(step, kind)
@@ -108,7 +144,8 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
         raise CheckpointError(f"{dest} exists and is not this pack's checkpoint; unpack into another RUN")
     cfg = policy_config_from(src.get("policy", {}), f"{path}:{META}")
     model = FlowPolicy(cfg)
-    weights = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in load(members[WEIGHTS]).items()}
+    weights = {**base_weights, **load(members[WEIGHTS])}
+    weights = {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in weights.items()}
     model.load_state_dict(weights)
     with tempfile.TemporaryDirectory() as work:  # the two loaders read files
         for name in (NORM_FILE, CACHE_FILE):
@@ -117,6 +154,6 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
         lang = LanguageCache.load(Path(work) / CACHE_FILE)
     provenance = {"pack": Path(path).name, "dtype": meta["dtype"], "weights_sha256": meta["weights_sha256"],
                   "source": meta["source"], "source_model_sha256": meta["source_model_sha256"],
-                  "source_step": src.get("step")}
+                  "source_step": src.get("step"), "base": meta.get("base")}
     return save_checkpoint(dest, model, step=step, image_size=int(src.get("image_size", 0)), norm=norm, lang=lang,
                            extra={"unpacked_from": provenance})
