@@ -627,7 +627,8 @@ class GRPOConfig:
     # is almost all noise (two groups' gradients are orthogonal, even for the same task): the squared
     # signal is indistinguishable from zero, and even at two standard errors above its estimate a step
     # needs 26-114 groups (by estimator) before its signal matches its noise. The ten H200 runs with
-    # 4-8 groups per step never gained beyond their spread.
+    # 4-8 groups per step never gained beyond their spread; the first with 64 (run 11) gained 5-7
+    # points (ODE, 10 x 50) in 4-6 steps of ~2 minutes on one H200.
     groups: int = 64
     max_chunks: int = 30  # 240 policy steps
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
@@ -866,7 +867,8 @@ _PROFILES: dict[str, Profile] = {
         # the default batch of 256 (one micro batch); at most 1,500 updates or the cycle's minutes
         wm=WMProfile(train=WMTrainConfig(steps=1500, save_interval=250, eval_interval=250)),
         reward=RewardConfig(steps=500),
-        # the speedrun's GRPO keeps the small steps its 20-minute timing was measured with
+        # the speedrun's GRPO keeps the small steps its 20-minute timing was measured with; such steps
+        # carry no measurable gradient signal (RESULTS.md), so its GRPO shows the loop, not a gain
         grpo=GRPOConfig(eval_interval=10, groups=8, minibatches=4),
         cycle=CycleConfig(grpo_steps=10, wm_max_minutes=5.0),
     ),
