@@ -99,6 +99,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--steps", type=int, default=1500, help="reward training steps")
     p.add_argument("--channels", help="the reward's convolution widths, e.g. 32,64,128,128,256 (default: RewardConfig's)")
+    p.add_argument("--shift", type=int, default=0, help="random shift of each view in training, pixels (RewardConfig.shift)")
     p.add_argument("--json", help="also write the figures here")
     a = p.parse_args()
     views, chunk = tuple(a.views.split(",")), 8
@@ -124,7 +125,7 @@ def main() -> None:
         frames, _ = episode_frames(eps, views)
         labels = torch.cat(labels)
         for seed in (int(s) for s in a.seeds.split(",")):
-            cfg = RewardConfig(views=views, steps=a.steps, seed=seed, generated_horizon=0,
+            cfg = RewardConfig(views=views, steps=a.steps, seed=seed, generated_horizon=0, shift=a.shift,
                                **({"channels": tuple(int(c) for c in a.channels.split(","))} if a.channels else {}))
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:

@@ -536,6 +536,7 @@ class RewardConfig:
     lr: float = 1e-3
     blur_prob: float = 0.5  # "generated-style" augmentation
     noise_std: float = 0.05
+    shift: int = 0  # random shift of each view by up to this many pixels in training (DrQ's augmentation)
     seed: int = 0
     # Frames the updated world models generate: every training episode replayed open loop with its
     # real actions from its real start, each imagined frame labelled with the real frame's success.
@@ -558,6 +559,8 @@ class RewardConfig:
             raise ConfigError(f"reward.channels={self.channels}: give one or more positive widths")
         if self.steps < 1 or self.batch < 2 or self.lr <= 0:
             raise ConfigError("reward: steps >= 1, batch >= 2 (half success, half not) and lr > 0")
+        if self.shift < 0:
+            raise ConfigError(f"reward.shift={self.shift}: pixels, 0 (off) or more")
         if self.generated_horizon < 0 or self.generated_batch < 1:
             raise ConfigError("reward: generated_horizon >= 0 (0: real frames only) and generated_batch >= 1")
 

@@ -947,6 +947,31 @@ def test_the_reward_reads_its_views_side_by_side():
             override(get_config("reward_tiny"), views=bad)
 
 
+def test_random_shift_moves_each_view_apart_and_keeps_its_content():
+    """RewardConfig.shift: every sample's view is a window of that view, edges repeated, moved by
+    at most ``pad`` pixels; the two views never mix at the seam; 0 leaves frames alone."""
+    from wmrl.config import ConfigError, get_config, override
+    from wmrl.worldmodel.reward import random_shift
+
+    g = torch.Generator().manual_seed(0)
+    main, wrist = torch.rand(16, 3, 8, 8), torch.rand(16, 3, 8, 8) + 2.0  # wrist values all above main's
+    x = torch.cat([main, wrist], dim=-1)
+    assert torch.equal(random_shift(x, 0, 2, g), x)
+    y = random_shift(x, 2, 2, g)
+    assert y.shape == x.shape and bool((y[..., :8] < 1.0).all()) and bool((y[..., 8:] >= 2.0).all())
+    moved = 0
+    for i in range(16):
+        for v, src in ((0, main[i]), (1, wrist[i])):
+            padded = torch.nn.functional.pad(src[None], (2, 2, 2, 2), mode="replicate")[0]
+            window = y[i, :, :, 8 * v:8 * (v + 1)]
+            hits = [(dy, dx) for dy in range(5) for dx in range(5) if torch.equal(padded[:, dy:dy + 8, dx:dx + 8], window)]
+            assert hits, (i, v)
+            moved += hits[0] != (2, 2)
+    assert moved > 16  # most views moved
+    with pytest.raises(ConfigError, match="reward.shift"):
+        override(get_config("reward_tiny"), shift=-1)
+
+
 def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
     """`--compile` reaches each view's process as `--compile`, not `--compile True` (which its
     parser refuses: the H200 update failed that way), and numbers keep their values."""

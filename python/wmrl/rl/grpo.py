@@ -788,8 +788,8 @@ class Evaluator:
               f"({sampler}; evidence {evidence}); {format_throughput(result.results['throughput_this_run'])}", flush=True)
         return s
 
-    def history(self) -> list[tuple[int, float, int]]:
-        """(step, success rate, trials) of every evaluation in the run so far."""
+    def history(self) -> list[tuple[int, float, int, str]]:
+        """(step, success rate, trials, sampler) of every evaluation in the run so far."""
         import json
 
         out = []
@@ -798,8 +798,9 @@ class Evaluator:
             if not ev.exists() and c.step == 0:  # evaluated in the run that trained it, with the same sampler
                 ev = origin_evidence(c.path, self.job.cfg.eval_sampler) or ev
             if ev.exists():
-                s = json.loads(ev.read_text())["summary"]
-                out.append((c.step, s["success_rate"], s["trials"]))
+                result = json.loads(ev.read_text())
+                s = result["summary"]
+                out.append((c.step, s["success_rate"], s["trials"], result.get("settings", {}).get("sampler", "")))
         return out
 
     def close(self) -> None:

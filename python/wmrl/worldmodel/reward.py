@@ -103,6 +103,25 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
     return (x + cfg.noise_std * torch.randn(x.shape, generator=g, device=g.device)).clamp(-1, 1)
 
 
+def random_shift(x: torch.Tensor, pad: int, views: int, g: torch.Generator) -> torch.Tensor:
+    """DrQ's augmentation: each view of (B, 3, H, W x views) moved by up to ``pad`` pixels in x
+    and y (edges repeated), independently per sample and view, so the views never mix at the seam."""
+    if pad == 0:
+        return x
+    b, c, h, width = x.shape
+    w = width // views
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    chan = torch.arange(c, device=x.device)[None, :, None, None]
+    out = []
+    for v in range(views):
+        padded = F.pad(x[..., v * w:(v + 1) * w], (pad, pad, pad, pad), mode="replicate")
+        dy, dx = torch.randint(0, 2 * pad + 1, (2, b), generator=g, device=g.device).to(x.device)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        out.append(padded[batch, chan, rows, cols])
+    return torch.cat(out, dim=-1)
+
+
 @torch.no_grad()
 def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, views: tuple[str, ...], batch: int = 32,
                     seed: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -246,7 +265,8 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
         half = cfg.batch // 2
         idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g, device=device)],
                          neg[torch.randint(len(neg), (cfg.batch - half,), generator=g, device=device)]])
-        loss = engine(generated_style(images_to_unit(frames[idx]), cfg, g), labels[idx])
+        x = random_shift(images_to_unit(frames[idx]), cfg.shift, len(cfg.views), g)
+        loss = engine(generated_style(x, cfg, g), labels[idx])
         engine.backward(loss)
         engine.step()
     model = engine.module.model.float().cpu().eval()
