@@ -99,7 +99,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--steps", type=int, default=1500, help="reward training steps")
     p.add_argument("--channels", help="the reward's convolution widths, e.g. 32,64,128,128,256 (default: RewardConfig's)")
-    p.add_argument("--shift", type=int, default=0, help="random shift of each view in training, pixels (RewardConfig.shift)")
+    p.add_argument("--shift", type=float, default=RewardConfig.shift,
+                   help="random shift of each view in training, a fraction of its side (RewardConfig.shift; 0: off)")
     p.add_argument("--json", help="also write the figures here")
     a = p.parse_args()
     views, chunk = tuple(a.views.split(",")), 8

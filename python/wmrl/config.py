@@ -536,7 +536,11 @@ class RewardConfig:
     lr: float = 1e-3
     blur_prob: float = 0.5  # "generated-style" augmentation
     noise_std: float = 0.05
-    shift: int = 0  # random shift of each view by up to this many pixels in training (DrQ's augmentation)
+    # Random shift (DrQ's augmentation): in training each view moves by up to this fraction of its
+    # side (1/16: 4 px at 64 px), edges repeated. Ten tasks, 64 px, 480 training episodes, four seeds
+    # (bench/RESULTS.md "A shifted view"): episode agreement with the simulator on real frames
+    # 0.779 -> 0.855, every seed up; 1/8 gave the same (0.849, two seeds). 0: off.
+    shift: float = 1 / 16
     seed: int = 0
     # Frames the updated world models generate: every training episode replayed open loop with its
     # real actions from its real start, each imagined frame labelled with the real frame's success.
@@ -559,8 +563,8 @@ class RewardConfig:
             raise ConfigError(f"reward.channels={self.channels}: give one or more positive widths")
         if self.steps < 1 or self.batch < 2 or self.lr <= 0:
             raise ConfigError("reward: steps >= 1, batch >= 2 (half success, half not) and lr > 0")
-        if self.shift < 0:
-            raise ConfigError(f"reward.shift={self.shift}: pixels, 0 (off) or more")
+        if not 0 <= self.shift < 0.5:
+            raise ConfigError(f"reward.shift={self.shift}: a fraction of the view's side in [0, 0.5) (0: off; default 1/16)")
         if self.generated_horizon < 0 or self.generated_batch < 1:
             raise ConfigError("reward: generated_horizon >= 0 (0: real frames only) and generated_batch >= 1")
 

@@ -948,8 +948,8 @@ def test_the_reward_reads_its_views_side_by_side():
 
 
 def test_random_shift_moves_each_view_apart_and_keeps_its_content():
-    """RewardConfig.shift: every sample's view is a window of that view, edges repeated, moved by
-    at most ``pad`` pixels; the two views never mix at the seam; 0 leaves frames alone."""
+    """RewardConfig.shift (a fraction of the side, as pixels here): every sample's view is a window
+    of that view, edges repeated, moved by at most ``pad`` pixels; the two views never mix at the seam; 0 leaves frames alone."""
     from wmrl.config import ConfigError, get_config, override
     from wmrl.worldmodel.reward import random_shift
 
@@ -968,8 +968,9 @@ def test_random_shift_moves_each_view_apart_and_keeps_its_content():
             assert hits, (i, v)
             moved += hits[0] != (2, 2)
     assert moved > 16  # most views moved
-    with pytest.raises(ConfigError, match="reward.shift"):
-        override(get_config("reward_tiny"), shift=-1)
+    for bad in (-0.1, 0.5):
+        with pytest.raises(ConfigError, match="reward.shift"):
+            override(get_config("reward_tiny"), shift=bad)
 
 
 def test_controller_hands_switches_to_each_view_as_switches(tmp_path):

@@ -11,7 +11,9 @@ frames they generated: every training episode replayed open loop with its real a
 its real start (``imagined_frames``), each imagined frame labelled with the real frame's
 success, so the reward learns to say what the simulator said from what the world model
 shows. Success frames are rare (an episode ends soon after success), so batches are drawn half
-positive, half negative.
+positive, half negative, and every view is shifted by a few pixels at random (``RewardConfig.shift``):
+from ~120 success frames it then generalises to other episodes' far better (episode agreement on
+real frames 0.78 -> 0.86, bench/RESULTS.md).
 
 The decision threshold is stored with the weights. It is calibrated for the decision GRPO
 makes: an imagined rollout succeeds once any of its frames reaches the threshold, so over a
@@ -265,7 +267,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
         half = cfg.batch // 2
         idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g, device=device)],
                          neg[torch.randint(len(neg), (cfg.batch - half,), generator=g, device=device)]])
-        x = random_shift(images_to_unit(frames[idx]), cfg.shift, len(cfg.views), g)
+        x = random_shift(images_to_unit(frames[idx]), round(cfg.shift * frames.shape[1]), len(cfg.views), g)
         loss = engine(generated_style(x, cfg, g), labels[idx])
         engine.backward(loss)
         engine.step()
