@@ -332,7 +332,8 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     out = grpo.main(tiny_grpo_job(run_with_pair, target=4, max_steps=16))
     cks = ck.list_checkpoints(run_with_pair, "policy")
     assert [(c.step, c.full) for c in cks] == [(0, True), (1, False), (2, True), (3, False), (4, True)]
-    assert [s for s, _, _ in out["evaluations"]] == [1, 2, 3, 4]  # step 0 not evaluated (eval_first off)
+    assert [e[0] for e in out["evaluations"]] == [1, 2, 3, 4]  # step 0 not evaluated (eval_first off)
+    assert all(e[3] in ("sde", "ode") for e in out["evaluations"])  # the sampler: one line each in the curves
     ev = json.loads((run_with_pair / "evidence/evaluations/global_step_4.json").read_text())
     assert ev["summary"]["trials"] == 1 and ev["episodes"][0]["init_index"] == 0  # a fixed evaluation state
     assert ev["settings"]["checkpoint"]["step"] == 4 and ev["settings"]["sampler"] == "sde"
@@ -412,7 +413,7 @@ def test_keyframes_never_come_from_evaluation_states(sft_run, tmp_path):
 @pytest.mark.slow
 def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair):
     out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True))
-    assert [s for s, _, _ in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
+    assert [e[0] for e in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
     rolls = [json.loads(line) for line in (run_with_pair / "grpo/rollouts.jsonl").read_text().splitlines()]
     outcomes = rolls[0]["outcomes"]
     assert len(outcomes) == 4 and all(o["start"] == "train" for o in outcomes)  # never a fixed evaluation state
