@@ -235,16 +235,22 @@ def phase_grpo(v: dict, env: dict) -> None:
     for p in procs:
         finish(*p)
     pack(root, "grpo" + v.get("TAG", ""))
-    if v.get("PACK_BACK") == "1":  # the newest weights of each seed come back, to continue in a later session
-        base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
-        if base is None:
-            sys.exit("error: PACK_BACK=1 packs against the run's carried pack: give POLICY_PACK=... (or POLICY_BASE=...)")
-        for s in seeds:
-            steps = RunLayout(root / f"seed{s}").policy_steps("policy")
-            if steps:
-                stage(f"pack_seed{s}", "bench/policy_pack.py",
-                      ["pack", RunLayout(root / f"seed{s}").checkpoint(steps[-1]),
-                       OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}.tar.xz", "--base", base], env)
+    if v.get("PACK_BACK") == "1":
+        pack_back(root, seeds, v, env)
+
+
+def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
+    """Each seed's newest GRPO weights into OUT as a delta against the carried pack (~12 MiB, so it
+    comes back from the lent machine), to continue in a later session."""
+    base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
+    if base is None:
+        sys.exit("error: PACK_BACK=1 packs against the run's carried pack: give POLICY_PACK=... (or POLICY_BASE=...)")
+    for s in seeds:
+        run = RunLayout(root / f"seed{s}")
+        steps = run.policy_steps("policy")
+        if steps:
+            stage(f"pack_seed{s}", "bench/policy_pack.py", ["pack", run.checkpoint(steps[-1]),
+                  OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}.tar.xz", "--base", base], env)
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
