@@ -85,10 +85,10 @@ def success_by_task(summary: dict, out: str | os.PathLike, title: str = "") -> P
 
 
 def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
-                evaluations: list[tuple] | None = None) -> Path | None:
+                evaluations: list[tuple[int, float, int, str]] | None = None) -> Path | None:
     """GRPO at a glance, from ``grpo.jsonl``: rollout success and the real-simulator success per
-    evaluated step (``evaluations``: (step, success rate, trials[, sampler]), with the binomial
-    standard error; a run may evaluate with more than one sampler); the KL each step caused
+    evaluated step (``evaluations``: (step, success rate, trials, sampler), with the binomial
+    standard error, one line per sampler); the KL each step caused
     beside the adaptive lr it set; clip fraction and skipped groups; time per step."""
     from wmrl.logs import read_log
 
@@ -110,15 +110,14 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
         ax.plot(steps, [100 * r["rollout_success"] for r in recs], "-", alpha=0.6, label="rollouts (training env)")
     if evaluations:
         by_sampler: dict[str, list] = {}  # one line per sampler: their success rates differ by ~20 points
-        for e in sorted(evaluations):
-            by_sampler.setdefault(e[3] if len(e) > 3 else "", []).append(e)
+        for step, rate, n, sampler in sorted(evaluations):
+            by_sampler.setdefault(sampler, []).append((step, 100 * rate, n))
         for (sampler, ev), color in zip(sorted(by_sampler.items()), ("tab:red", "tab:purple", "tab:brown")):
-            se = [_binomial_se_pct(e[1], e[2]) for e in ev]
-            ax.errorbar([e[0] for e in ev], [100 * e[1] for e in ev], yerr=se, fmt="o-", color=color, capsize=3,
-                        label="real simulator, fixed states" + (f" ({sampler})" if sampler else ""))
-            for e in ev:
-                ax.annotate(f"{100 * e[1]:.1f}% ({e[2]})", (e[0], 100 * e[1]), fontsize=7, textcoords="offset points",
-                            xytext=(3, 6))
+            se = [_binomial_se_pct(pct / 100, n) for _, pct, n in ev]
+            ax.errorbar([s for s, _, _ in ev], [pct for _, pct, _ in ev], yerr=se, fmt="o-", color=color, capsize=3,
+                        label=f"real simulator, fixed states ({sampler or '?'})")
+            for s, pct, n in ev:
+                ax.annotate(f"{pct:.1f}% ({n})", (s, pct), fontsize=7, textcoords="offset points", xytext=(3, 6))
     ax.set_ylabel("success (%)")
     ax.set_ylim(0, 105)
     ax.set_title("success", fontsize=9)
