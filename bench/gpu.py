@@ -7,6 +7,7 @@ versions beside its figures (``BENCH_OUT/<phase>_settings.json``), the wall time
 returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
+                               [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1]
     python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
                                VARIANTS=0,3,1]   (the GRPO gradient's signal and noise: bench/grpo_signal.py)
@@ -59,6 +60,7 @@ A phase that stops at a call's end is continued by running it again: every stage
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -177,6 +179,24 @@ def phase_learn(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
     demos_and_sft(run, v.get("WORKERS", str(os.cpu_count())), v, env, v.get("STEPS", "4000"))
     pack(Path(run), "learn")
+    if v.get("PACK_BACK") == "1":  # the supervised policy itself, to carry in later sessions (POLICY_PACK=...)
+        layout, name = RunLayout(run), v.get("PACK_NAME", f"sft{v.get('STEPS', '4000')}")
+        steps = layout.policy_steps("sft")
+        if steps and not stage("pack_sft", "bench/policy_pack.py",
+                               ["pack", layout.checkpoint(steps[-1], "sft"), OUT / f"{name}.tar.xz"], env):
+            split_for_return(OUT / f"{name}.tar.xz")
+
+
+def split_for_return(path: Path, part: int = 15 << 20) -> None:
+    """A file over the 16 MiB that comes back from the lent machine, as <name>.partNN files of at most
+    ``part`` bytes and <name>.sha256 (here: ``cat <name>.part* > <name>; sha256sum -c <name>.sha256``)."""
+    data = path.read_bytes()
+    if len(data) <= part:
+        return
+    (path.parent / f"{path.name}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {path.name}\n")
+    for i in range(0, len(data), part):
+        (path.parent / f"{path.name}.part{i // part:02d}").write_bytes(data[i:i + part])
+    path.unlink()
 
 
 def phase_unpack(v: dict, env: dict) -> None:
