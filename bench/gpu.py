@@ -18,7 +18,10 @@ returns only a few files).
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
                                PACK_BACK=1: each seed's newest weights into BENCH_OUT as a delta against POLICY_PACK;
-                               unpack one later with POLICY_PACK=<delta> POLICY_BASE=<the full pack>]
+                               unpack one later with POLICY_PACK=<delta> POLICY_BASE=<the full pack>;
+                               PACK_BACK=state: the newest full state, portable (no Adam moments), in parts;
+                               the next call resumes it: unpack+grpo POLICY_PACK=<it> KIND=policy (into
+                               GRPO_RUN/seedS; one seed) and the same grpo variables]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
@@ -206,7 +209,10 @@ def phase_unpack(v: dict, env: dict) -> None:
     if "POLICY_PACK" not in v:
         sys.exit("error: unpack needs POLICY_PACK=<a .tar.xz from bench/policy_pack.py pack>")
     base = ["--base", v["POLICY_BASE"]] if "POLICY_BASE" in v else []  # a delta pack's full pack (PACK_BACK below)
-    if stage("unpack", "bench/policy_pack.py", ["unpack", v["POLICY_PACK"], v.get("RUN", "runs/h200"), *base], env):
+    kind, dest = v.get("KIND", "sft"), v.get("RUN", "runs/h200")
+    if kind == "policy":  # a portable GRPO state (PACK_BACK=state) into the run grpo resumes: GRPO_RUN/seedS
+        dest = f"{v.get('GRPO_RUN', f'{dest}/grpo')}/seed{v.get('SEEDS', '0')}"
+    if stage("unpack", "bench/policy_pack.py", ["unpack", v["POLICY_PACK"], dest, *base, "--kind", kind], env):
         sys.exit(1)
 
 
@@ -255,22 +261,28 @@ def phase_grpo(v: dict, env: dict) -> None:
     for p in procs:
         finish(*p)
     pack(root, "grpo" + v.get("TAG", ""))
-    if v.get("PACK_BACK") == "1":
+    if v.get("PACK_BACK") in ("1", "state"):
         pack_back(root, seeds, v, env)
 
 
 def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
-    """Each seed's newest GRPO weights into OUT as a delta against the carried pack (~12 MiB, so it
-    comes back from the lent machine), to continue in a later session."""
+    """Each seed's newest GRPO weights into OUT, to evaluate or continue in a later session.
+    PACK_BACK=1: a delta against the carried pack (~12 MiB, one file back); PACK_BACK=state: the
+    newest full state as a portable state (weights, step, RNG, lr; split in parts under 16 MiB),
+    which the next call, on any machine, resumes with ``unpack KIND=policy`` (the lent machine
+    goes back 30 s after a call, and the run with it)."""
+    state = v["PACK_BACK"] == "state"
     base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
-    if base is None:
+    if base is None and not state:
         sys.exit("error: PACK_BACK=1 packs against the run's carried pack: give POLICY_PACK=... (or POLICY_BASE=...)")
     for s in seeds:
         run = RunLayout(root / f"seed{s}")
-        steps = run.policy_steps("policy")
+        steps = run.policy_steps("policy", full=state)
         if steps:
-            stage(f"pack_seed{s}", "bench/policy_pack.py", ["pack", run.checkpoint(steps[-1]),
-                  OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}.tar.xz", "--base", base], env)
+            out = OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}{'_state' if state else ''}.tar.xz"
+            if not stage(f"pack_seed{s}", "bench/policy_pack.py", ["pack", run.checkpoint(steps[-1]), out,
+                         *(["--state"] if state else ["--base", base])], env):
+                split_for_return(out)
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:

@@ -14,6 +14,12 @@ changed tensors, ~13 MiB: it comes back from a GPU call) and unpacks with the sa
     python3 bench/policy_pack.py pack runs/h200/grpo/seed0/weights/policy/global_step_6 grpo6.tar.xz \
         --base .offline/policy/sft4000.tar.xz
     python3 bench/policy_pack.py unpack grpo6.tar.xz runs/h200b --base .offline/policy/sft4000.tar.xz
+
+A GRPO full state packs with --state as a portable state (weights, step, RNG, lr; not Adam's
+moments) and unpacks with --kind policy into a GRPO run that resumes it on another machine:
+
+    python3 bench/policy_pack.py pack runs/h200/grpo/seed0/weights/policy/global_step_4 grpo4.tar.xz --state
+    python3 bench/policy_pack.py unpack grpo4.tar.xz runs/h200/grpo/seed0 --kind policy
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("out")
     a.add_argument("--dtype", default="float16", choices=DTYPES)
     a.add_argument("--base", help="a full pack this checkpoint was trained from: keep only the tensors that differ")
+    a.add_argument("--state", action="store_true", help="a GRPO full state: its step, RNG and lr go along "
+                                                        "(not Adam's moments), so GRPO resumes it elsewhere")
     b = sub.add_parser("unpack", help="a .tar.xz -> RUN/weights/<kind>/global_step_<step>")
     b.add_argument("pack")
     b.add_argument("run")
@@ -45,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "pack":
-            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype, base=args.base)
+            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype, base=args.base, state=args.state)
             delta = f", {meta['tensors']} tensors that differ from {args.base}" if args.base else ""
+            delta += ", with its GRPO state (no Adam moments)" if args.state else ""
             print(f"[pack] {args.out}: {Path(args.out).stat().st_size / 2**20:.1f} MiB, {meta['dtype']}, "
                   f"step {meta['config'].get('step')}{delta}")
         else:

@@ -361,6 +361,46 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert (split / "logs/grpo.jsonl").read_text().count('"step": 3') == 1  # the resumed log does not repeat steps
 
 
+def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run_with_pair, tmp_path):
+    """A full state packed with its portable part (no Adam moments) and unpacked into a fresh run
+    folder (another machine) resumes there: step 3 starts from the same start states as the
+    uninterrupted run's step 3, with the saved lr, and the lineage records the moments' restart."""
+    import shutil
+
+    from wmrl.policy.pack import pack_checkpoint, unpack_checkpoint
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    for d in (here, there):
+        shutil.copytree(run_with_pair, d, ignore=shutil.ignore_patterns("policy", "grpo", "evidence", "logs"))
+    grpo.main(tiny_grpo_job(here, target=2, max_steps=16))
+    saved = ck.load_checkpoint(ck.step_dir(here, 2), need_full=True).train_state
+    packed = tmp_path / "grpo2.tar.xz"
+    meta = pack_checkpoint(ck.step_dir(here, 2), packed, state=True)
+    assert meta["state_sha256"] and meta["config"]["step"] == 2
+    with pytest.raises(ck.CheckpointError, match="weights-only"):
+        pack_checkpoint(ck.step_dir(here, 1), tmp_path / "x.tar.xz", state=True)  # no state to carry
+
+    unpack_checkpoint(packed, there, kind="policy")
+    assert grpo.find_start(tiny_grpo_job(there, target=3))[0] == "resume"
+    grpo.main(tiny_grpo_job(there, target=3, max_steps=16))
+    grpo.main(tiny_grpo_job(here, target=3, max_steps=16))
+
+    def starts(run):
+        rolls = [json.loads(line) for line in (run / "grpo/rollouts.jsonl").read_text().splitlines()]
+        return [o["start"] for r in rolls if r["step"] == 3 for o in r["outcomes"]]
+
+    assert starts(there) == starts(here) and starts(here)
+    moved = ck.load_checkpoint(ck.step_dir(there, 3), need_full=True)
+    assert moved.train_state["origin"]["moment_restarts"] == [2]
+    assert "moment_restarts" not in ck.load_checkpoint(ck.step_dir(here, 3), need_full=True).train_state["origin"]
+    lr_saved = saved["optimizer"]["param_groups"][0]["lr"]
+    portable = ck.load_checkpoint(ck.step_dir(there, 2), need_full=True).train_state
+    assert portable["moments_dropped"] and portable["optimizer_groups"][0]["lr"] == lr_saved
+    # the optimizer there starts at the saved lr: its state at step 3 holds it unless step 3's KL moved it
+    lr_there = moved.train_state["optimizer"]["param_groups"][0]["lr"]
+    assert lr_there == ck.load_checkpoint(ck.step_dir(here, 3), need_full=True).train_state["optimizer"]["param_groups"][0]["lr"]
+
+
 def test_bad_input_is_refused_before_any_rollout(run_with_pair, tmp_path, root):
     import grpo as entry
 

@@ -19,6 +19,16 @@ small enough to come back from a GPU call (16 MiB a file) and to continue in a l
 
     pack_checkpoint(grpo_ckpt, "grpo.tar.xz", base="policy.tar.xz")
     unpack_checkpoint("grpo.tar.xz", RUN2, base="policy.tar.xz")
+
+A GRPO *full state* packs with ``state=True`` as a **portable state**: the weights as above
+plus the step, RNG states, lineage and the optimizer's settings (the lr its KL rule reached),
+without Adam's per-parameter moments (55 MB in float32 for the action expert: they do not fit
+in a call). Unpacked as ``kind="policy"`` it is a full checkpoint GRPO resumes from on another
+machine: the same data position and lr, Adam's moments restarting from zero (the resume says
+so and records the step in the run's lineage, ``origin["moment_restarts"]``):
+
+    pack_checkpoint(grpo_full_state, "grpo4.tar.xz", state=True)
+    unpack_checkpoint("grpo4.tar.xz", RUN/grpo/seed0, kind="policy")   # then grpo.py --target 8
 """
 
 from __future__ import annotations
@@ -40,14 +50,16 @@ from wmrl.policy.normalize import NormStats
 PACK_FORMAT = "wmrl-policy-pack/1"
 WEIGHTS = "weights.safetensors"
 META = "pack.json"
+STATE = "state.pt"  # a GRPO full state without the optimizer's moments (state=True)
 DTYPES = ("float16", "bfloat16")
 
 
 def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float16",
-                    base: str | os.PathLike | None = None) -> dict:
+                    base: str | os.PathLike | None = None, state: bool = False) -> dict:
     """Write checkpoint folder ``ckpt`` (weights only; optimizer state is left out) to ``out``
     (.tar.xz); returns the pack's metadata. With ``base`` (a full pack of the same architecture
-    and dtype) only the tensors that differ from it are kept."""
+    and dtype) only the tensors that differ from it are kept. ``state``: ``ckpt`` is a GRPO full
+    state and its portable part goes along (the module's docstring)."""
     import torch
     from safetensors.torch import load, save
 
@@ -61,7 +73,12 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
         if base_meta["dtype"] != dtype:
             raise CheckpointError(f"{base} holds {base_meta['dtype']} weights; pack with dtype={base_meta['dtype']}")
         based_on = {"pack": Path(base).name, "weights_sha256": base_meta["weights_sha256"]}
-    loaded = load_checkpoint(ckpt)  # every file's SHA-256 checked first
+    loaded = load_checkpoint(ckpt, need_full=state)  # every file's SHA-256 checked first
+    state_bytes = None
+    if state:
+        buf = io.BytesIO()
+        torch.save(portable_state(loaded, ckpt), buf)
+        state_bytes = buf.getvalue()
     target = getattr(torch, dtype)
     if dtype == "float16":
         big = max(float(v.abs().max()) for v in loaded.weights.values() if v.is_floating_point())
@@ -77,9 +94,12 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
     meta = {"format": PACK_FORMAT, "dtype": dtype, "source": str(Path(ckpt).resolve()),
             "source_model_sha256": loaded.meta["files"]["model.safetensors"],
             "weights_sha256": hashlib.sha256(weights).hexdigest(), "config": loaded.meta, "base": based_on,
-            "tensors": len(tensors)}
+            "tensors": len(tensors),
+            "state_sha256": hashlib.sha256(state_bytes).hexdigest() if state_bytes is not None else None}
     members = {WEIGHTS: weights, META: json.dumps(meta, indent=1).encode(),
                NORM_FILE: (Path(ckpt) / NORM_FILE).read_bytes(), CACHE_FILE: (Path(ckpt) / CACHE_FILE).read_bytes()}
+    if state_bytes is not None:
+        members[STATE] = state_bytes
     with atomic_path(out) as tmp:
         with tarfile.open(tmp, "w:xz", preset=6) as tar:
             for name, data in members.items():
@@ -87,6 +107,17 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return meta
+
+
+def portable_state(loaded, ckpt) -> dict:
+    """A GRPO full state without Adam's per-parameter moments: what resumes on another machine."""
+    st = loaded.train_state
+    if st.get("kind") != "grpo":
+        raise CheckpointError(f"{ckpt} holds a {st.get('kind', 'supervised')} training state; only a GRPO full "
+                              f"state packs with its state (pack the weights alone without --state)")
+    return {**{k: v for k, v in st.items() if k != "optimizer"},
+            "optimizer_groups": [{k: v for k, v in g.items() if k != "params"} for g in st["optimizer"]["param_groups"]],
+            "moments_dropped": True}
 
 
 def read_pack(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
@@ -107,6 +138,8 @@ def read_pack(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         raise CheckpointError(f"{path}: pack format {meta.get('format')!r}, expected {PACK_FORMAT!r}")
     if hashlib.sha256(members[WEIGHTS]).hexdigest() != meta["weights_sha256"]:
         raise CheckpointError(f"{path}: its weights do not match their recorded SHA-256 (damaged copy); copy it again")
+    if meta.get("state_sha256") and hashlib.sha256(members.get(STATE, b"")).hexdigest() != meta["state_sha256"]:
+        raise CheckpointError(f"{path}: its GRPO state does not match its recorded SHA-256 (damaged copy); copy it again")
     return meta, members
 
 
@@ -114,8 +147,9 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
                       step: int | None = None, base: str | os.PathLike | None = None) -> Path:
     """Write the pack as a weights-only checkpoint RUN/weights/<kind>/global_step_<step>
     (float32 again; ``step``: the packed checkpoint's own by default). A delta pack needs the
-    ``base`` pack it was made against. Rerunning it with the same pack does nothing; a different
-    checkpoint already there is refused."""
+    ``base`` pack it was made against. A pack with a portable GRPO state unpacked as
+    ``kind="policy"`` is a full checkpoint (GRPO resumes it); as "sft" its weights alone.
+    Rerunning it with the same pack does nothing; a different checkpoint already there is refused."""
     import torch
     from safetensors.torch import load
 
@@ -155,5 +189,8 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
     provenance = {"pack": Path(path).name, "dtype": meta["dtype"], "weights_sha256": meta["weights_sha256"],
                   "source": meta["source"], "source_model_sha256": meta["source_model_sha256"],
                   "source_step": src.get("step"), "base": meta.get("base")}
+    state = None
+    if STATE in members and kind == "policy":
+        state = torch.load(io.BytesIO(members[STATE]), map_location="cpu", weights_only=True)
     return save_checkpoint(dest, model, step=step, image_size=int(src.get("image_size", 0)), norm=norm, lang=lang,
-                           extra={"unpacked_from": provenance})
+                           train_state=state, extra={"unpacked_from": provenance})

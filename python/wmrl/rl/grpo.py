@@ -601,13 +601,24 @@ def main(job: GRPOJob) -> dict:
         st = loaded.train_state
         if st.get("kind") != "grpo":
             raise ck.CheckpointError(f"{info.path} holds a supervised training state, not GRPO's; resume a GRPO step")
-        try:
-            opt.load_state_dict(st["optimizer"])
-        except (KeyError, ValueError) as e:
-            raise ck.CheckpointError(f"{info.path}/train_state.pt does not fit this run ({e})") from None
-        rng.restore(st["rng"])
         origin, start = st["origin"], info.step
-        say(f"[grpo] resuming the full state of step {start} ({info.path})")
+        if st.get("moments_dropped"):  # a portable state (wmrl.policy.pack): settings and lr, no moments
+            if len(st["optimizer_groups"]) != len(opt.param_groups):
+                raise ck.CheckpointError(f"{info.path}/train_state.pt has {len(st['optimizer_groups'])} parameter "
+                                         f"groups, this run's optimizer {len(opt.param_groups)}: resume with the "
+                                         f"TRAINABLE it was trained with")
+            for group, saved in zip(opt.param_groups, st["optimizer_groups"]):
+                group.update(saved)
+            origin = {**origin, "moment_restarts": [*origin.get("moment_restarts", []), start]}
+            say(f"[grpo] resuming step {start} from a portable state ({info.path}): the same data position, RNG and "
+                f"lr ({opt.param_groups[0]['lr']:.3g}); Adam's moments restart from zero (they did not travel)")
+        else:
+            try:
+                opt.load_state_dict(st["optimizer"])
+            except (KeyError, ValueError) as e:
+                raise ck.CheckpointError(f"{info.path}/train_state.pt does not fit this run ({e})") from None
+            say(f"[grpo] resuming the full state of step {start} ({info.path})")
+        rng.restore(st["rng"])
     else:
         origin = {"sft_checkpoint": str(info.path.resolve()), "sft_ref": info.ref,
                   "sft_model_sha256": loaded.meta["files"]["model.safetensors"]}
