@@ -23,9 +23,11 @@ small enough to come back from a GPU call (16 MiB a file) and to continue in a l
 A GRPO *full state* packs with ``state=True`` as a **portable state**: the weights as above
 plus the step, RNG states, lineage and the optimizer's settings (the lr its KL rule reached),
 without Adam's per-parameter moments (55 MB in float32 for the action expert: they do not fit
-in a call). Unpacked as ``kind="policy"`` it is a full checkpoint GRPO resumes from on another
-machine: the same data position and lr, Adam's moments restarting from zero (the resume says
-so and records the step in the run's lineage, ``origin["moment_restarts"]``):
+in a call), and the run's small history (metrics and rollout logs, the keyframe index,
+evaluations), so the curves and the imagined start states go on where they stopped. Unpacked
+as ``kind="policy"`` it is a full checkpoint GRPO resumes from on another machine: the same
+data position and lr, Adam's moments restarting from zero (the resume says so and records the
+step in the run's lineage, ``origin["moment_restarts"]``):
 
     pack_checkpoint(grpo_full_state, "grpo4.tar.xz", state=True)
     unpack_checkpoint("grpo4.tar.xz", RUN/grpo/seed0, kind="policy")   # then grpo.py --target 8
@@ -51,6 +53,8 @@ PACK_FORMAT = "wmrl-policy-pack/1"
 WEIGHTS = "weights.safetensors"
 META = "pack.json"
 STATE = "state.pt"  # a GRPO full state without the optimizer's moments (state=True)
+HISTORY = "history/"  # with it, the GRPO run's small files, by their path in the run
+HISTORY_FILES = ("logs/*.jsonl", "grpo/*.json", "grpo/*.jsonl", "evidence/evaluations/*.json")
 DTYPES = ("float16", "bfloat16")
 
 
@@ -100,6 +104,10 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
                NORM_FILE: (Path(ckpt) / NORM_FILE).read_bytes(), CACHE_FILE: (Path(ckpt) / CACHE_FILE).read_bytes()}
     if state_bytes is not None:
         members[STATE] = state_bytes
+        run = Path(ckpt).resolve().parents[2]  # RUN/weights/policy/global_step_N
+        for pattern in HISTORY_FILES:
+            for f in sorted(run.glob(pattern)):
+                members[HISTORY + f.relative_to(run).as_posix()] = f.read_bytes()
     with atomic_path(out) as tmp:
         with tarfile.open(tmp, "w:xz", preset=6) as tar:
             for name, data in members.items():
@@ -192,5 +200,21 @@ def unpack_checkpoint(path: str | os.PathLike, run: str | os.PathLike, *, kind: 
     state = None
     if STATE in members and kind == "policy":
         state = torch.load(io.BytesIO(members[STATE]), map_location="cpu", weights_only=True)
+        restore_history(members, RunLayout(run).root)
     return save_checkpoint(dest, model, step=step, image_size=int(src.get("image_size", 0)), norm=norm, lang=lang,
                            train_state=state, extra={"unpacked_from": provenance})
+
+
+def restore_history(members: dict[str, bytes], run: Path) -> None:
+    """The packed run's history files into ``run``, each one only where the run has none yet."""
+    for name, data in members.items():
+        if not name.startswith(HISTORY):
+            continue
+        rel = Path(name[len(HISTORY):])
+        if rel.is_absolute() or ".." in rel.parts:
+            raise CheckpointError(f"pack member {name!r} points outside the run; this pack was not made by pack_checkpoint")
+        dest = run / rel
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(dest) as tmp:
+                Path(tmp).write_bytes(data)

@@ -803,15 +803,22 @@ class Evaluator:
         """(step, success rate, trials, sampler) of every evaluation in the run so far."""
         import json
 
-        out = []
-        for c in ck.list_checkpoints(self.job.run, "policy"):
-            ev = RunLayout(self.job.run).evidence(c.step)
-            if not ev.exists() and c.step == 0:  # evaluated in the run that trained it, with the same sampler
-                ev = origin_evidence(c.path, self.job.cfg.eval_sampler) or ev
+        from wmrl.layout import parse_step_name
+
+        layout, out = RunLayout(self.job.run), []
+        # the evidence of the checkpoints here and of those a portable state's history brought (no weights)
+        steps = {c.step: c.path for c in ck.list_checkpoints(self.job.run, "policy")}
+        evidence_dir = layout.evidence_dir("policy")
+        for f in evidence_dir.glob("global_step_*.json") if evidence_dir.is_dir() else ():
+            steps.setdefault(parse_step_name(f.stem), None)
+        for step in sorted(s for s in steps if s is not None):
+            ev = layout.evidence(step)
+            if not ev.exists() and step == 0 and steps[0] is not None:  # evaluated in the run that trained it
+                ev = origin_evidence(steps[0], self.job.cfg.eval_sampler) or ev
             if ev.exists():
                 result = json.loads(ev.read_text())
                 s = result["summary"]
-                out.append((c.step, s["success_rate"], s["trials"], result.get("settings", {}).get("sampler", "")))
+                out.append((step, s["success_rate"], s["trials"], result.get("settings", {}).get("sampler", "")))
         return out
 
     def close(self) -> None:
