@@ -89,7 +89,8 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
     """GRPO at a glance, from ``grpo.jsonl``: rollout success and the real-simulator success per
     evaluated step (``evaluations``: (step, success rate, trials, sampler), with the binomial
     standard error, one line per sampler); the KL each step caused
-    beside the adaptive lr it set; clip fraction and skipped groups; time per step."""
+    beside the adaptive lr it set; clip fraction and skipped groups; time per step. A dashed
+    line marks each step that began with fresh Adam moments (a resume from a portable state)."""
     from wmrl.logs import read_log
 
     recs = [r for r in read_log(log_jsonl) if "rollout_success" in r]
@@ -143,9 +144,12 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
             if any(key in r for r in recs):  # runs logged before a figure existed leave it out
                 ax.plot(steps, [r.get(key, float("nan")) for r in recs], label=label)
         ax.set_title(title, fontsize=9)
+    joins = [r["step"] for r in recs if r.get("moments_restarted")]
     for ax in axes:
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
+        for i, s in enumerate(joins):
+            ax.axvline(s - 0.5, ls="--", lw=0.8, color="gray", label=None if i else "Adam moments restart")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

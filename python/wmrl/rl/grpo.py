@@ -602,7 +602,8 @@ def main(job: GRPOJob) -> dict:
         if st.get("kind") != "grpo":
             raise ck.CheckpointError(f"{info.path} holds a supervised training state, not GRPO's; resume a GRPO step")
         origin, start = st["origin"], info.step
-        if st.get("moments_dropped"):  # a portable state (wmrl.policy.pack): settings and lr, no moments
+        restarted = bool(st.get("moments_dropped"))
+        if restarted:  # a portable state (wmrl.policy.pack): settings and lr, no moments
             if len(st["optimizer_groups"]) != len(opt.param_groups):
                 raise ck.CheckpointError(f"{info.path}/train_state.pt has {len(st['optimizer_groups'])} parameter "
                                          f"groups, this run's optimizer {len(opt.param_groups)}: resume with the "
@@ -622,7 +623,7 @@ def main(job: GRPOJob) -> dict:
     else:
         origin = {"sft_checkpoint": str(info.path.resolve()), "sft_ref": info.ref,
                   "sft_model_sha256": loaded.meta["files"]["model.safetensors"]}
-        start = 0
+        start, restarted = 0, False
         torch.manual_seed(cfg.seed)
     ref_model = None
     if cfg.kl_coef > 0:  # the policy GRPO started from, frozen
@@ -678,6 +679,8 @@ def main(job: GRPOJob) -> dict:
             timed_out = ranks.from_rank0(deadline is not None and time.monotonic() >= deadline and step < job.target)
             if not main_rank:
                 continue
+            if restarted and step == start + 1:  # the first step with fresh Adam moments: the curves mark it
+                rec["moments_restarted"] = 1
             metrics.write(rec)
             if rec["skipped_groups"] == rec["groups"]:  # no group saw two outcomes: nothing to learn from
                 outcome = {1.0: "all succeeded", 0.0: "all failed"}.get(rec["rollout_success"], "each group agreed")
