@@ -73,7 +73,10 @@ def test_cycles_record_lineage_and_a_rerun_skips_everything(tmp_path, calls):
     # cycle 1 evaluates the supervised policy it starts from; cycle 2 starts from cycle 1's last
     # GRPO step, whose evaluation GRPO wrote (as it writes step 4's: the evaluate stages have nothing to do)
     per_cycle = ["collect", "make_manifest", "wm_update", "wm_reward", "package_pair", "wm_eval", "grpo"]
-    assert runs == per_cycle[:2] + ["evaluate"] + per_cycle[2:] + per_cycle
+    # the start's evaluation runs in the background beside the world-model stages: where it lands
+    # among them depends on the machine's load, but it runs once, after the manifest, before GRPO
+    assert [r for r in runs if r != "evaluate"] == per_cycle + per_cycle
+    assert runs.count("evaluate") == 1 and runs.index("make_manifest") < runs.index("evaluate") < runs.index("grpo")
     st = load_state(run)
     c1, c2 = st["cycles"]["1"], st["cycles"]["2"]
     assert (c1["policy_in"], c1["grpo_from"], c1["grpo_to"]) == ("sft/10", 0, 2)
@@ -109,7 +112,10 @@ def test_the_start_policy_is_evaluated_while_the_world_models_train_and_grpo_wai
     monkeypatch.setenv("FAKE_SLOW", "evaluate")
     main(job(run))
     runs = called(calls)
-    assert runs.index("evaluate") < runs.index("wm_update") < runs.index("evaluate-end") < runs.index("grpo")
+    # evaluate and wm_update start side by side (which one writes first depends on the load); the
+    # evaluation ends after the world model started, and GRPO after that
+    assert runs.index("make_manifest") < runs.index("evaluate") < runs.index("evaluate-end")
+    assert runs.index("wm_update") < runs.index("evaluate-end") < runs.index("grpo")
     st = load_state(run)["cycles"]["1"]["stages"]["evaluate_start"]
     assert st["done"] and st["seconds"] >= 3
 
