@@ -185,9 +185,14 @@ def phase_learn(v: dict, env: dict) -> None:
     if v.get("PACK_BACK") == "1":  # the supervised policy itself, to carry in later sessions (POLICY_PACK=...)
         layout, name = RunLayout(run), v.get("PACK_NAME", f"sft{v.get('STEPS', '4000')}")
         steps = layout.policy_steps("sft")
-        if steps and not stage("pack_sft", "bench/policy_pack.py",
-                               ["pack", layout.checkpoint(steps[-1], "sft"), OUT / f"{name}.tar.xz"], env):
-            split_for_return(OUT / f"{name}.tar.xz")
+        if steps:
+            pack_for_return("pack_sft", layout.checkpoint(steps[-1], "sft"), OUT / f"{name}.tar.xz", [], env)
+
+
+def pack_for_return(name: str, ckpt: Path, out: Path, options: list[str], env: dict) -> None:
+    """``bench/policy_pack.py pack ckpt out options`` as stage ``name``, split to come back."""
+    if not stage(name, "bench/policy_pack.py", ["pack", ckpt, out, *options], env):
+        split_for_return(out)
 
 
 def split_for_return(path: Path, part: int = 15 << 20) -> None:
@@ -280,9 +285,7 @@ def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
         steps = run.policy_steps("policy", full=state)
         if steps:
             out = OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}{'_state' if state else ''}.tar.xz"
-            if not stage(f"pack_seed{s}", "bench/policy_pack.py", ["pack", run.checkpoint(steps[-1]), out,
-                         *(["--state"] if state else ["--base", base])], env):
-                split_for_return(out)
+            pack_for_return(f"pack_seed{s}", run.checkpoint(steps[-1]), out, ["--state"] if state else ["--base", base], env)
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:

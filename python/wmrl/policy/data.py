@@ -203,22 +203,3 @@ class EpochSampler:
         if s.get("n") != self.n:
             raise ValueError(f"sampler state is for {s.get('n')} samples, this data has {self.n}")
         self.epoch, self.pos, self._perm = int(s["epoch"]), int(s["pos"]), None
-
-
-def random_shift(images, pad: int):
-    """DrQ-style augmentation: replicate-pad by ``pad`` pixels, crop back at a random offset
-    per sample. float (B, C, H, W) -> same shape."""
-    import torch
-    import torch.nn.functional as F
-
-    if pad <= 0:
-        return images
-    b, c, h, w = images.shape
-    x = F.pad(images, (pad, pad, pad, pad), mode="replicate")
-    ox = torch.randint(0, 2 * pad + 1, (b,), device=images.device)
-    oy = torch.randint(0, 2 * pad + 1, (b,), device=images.device)
-    rows = (oy[:, None] + torch.arange(h, device=images.device))[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=images.device))[:, None, None, :]
-    bi = torch.arange(b, device=images.device)[:, None, None, None]
-    ci = torch.arange(c, device=images.device)[None, :, None, None]
-    return x[bi, ci, rows, cols]

@@ -166,7 +166,7 @@ class Batcher:
         self.pad = int(round(cfg.augment_shift * data.image_size))
 
     def __call__(self, split, idx, train: bool):
-        from wmrl.policy.data import random_shift
+        from wmrl.augment import random_shift
         from wmrl.policy.model import images_to_input
 
         idx = idx.to(split.frame.device)

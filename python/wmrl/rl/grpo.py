@@ -809,15 +809,13 @@ class Evaluator:
         from wmrl.layout import parse_step_name
 
         layout, out = RunLayout(self.job.run), []
-        # the evidence of the checkpoints here and of those a portable state's history brought (no weights)
-        steps = {c.step: c.path for c in ck.list_checkpoints(self.job.run, "policy")}
-        evidence_dir = layout.evidence_dir("policy")
-        for f in evidence_dir.glob("global_step_*.json") if evidence_dir.is_dir() else ():
-            steps.setdefault(parse_step_name(f.stem), None)
-        for step in sorted(s for s in steps if s is not None):
+        paths = {c.step: c.path for c in ck.list_checkpoints(self.job.run, "policy")}
+        # with the evidence of steps whose weights are elsewhere (a portable state's history)
+        evidenced = {parse_step_name(f.stem) for f in layout.evidence_dir("policy").glob("global_step_*.json")}
+        for step in sorted(paths.keys() | (evidenced - {None})):
             ev = layout.evidence(step)
-            if not ev.exists() and step == 0 and steps[0] is not None:  # evaluated in the run that trained it
-                ev = origin_evidence(steps[0], self.job.cfg.eval_sampler) or ev
+            if not ev.exists() and step == 0 and 0 in paths:  # evaluated in the run that trained it
+                ev = origin_evidence(paths[0], self.job.cfg.eval_sampler) or ev
             if ev.exists():
                 result = json.loads(ev.read_text())
                 s = result["summary"]

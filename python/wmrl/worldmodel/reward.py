@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wmrl.augment import random_shift as shift_one
 from wmrl.config import RewardConfig
 from wmrl.pretrained import Pretrained
 
@@ -108,20 +109,8 @@ def generated_style(x: torch.Tensor, cfg: RewardConfig, g: torch.Generator) -> t
 def random_shift(x: torch.Tensor, pad: int, views: int, g: torch.Generator) -> torch.Tensor:
     """DrQ's augmentation: each view of (B, 3, H, W x views) moved by up to ``pad`` pixels in x
     and y (edges repeated), independently per sample and view, so the views never mix at the seam."""
-    if pad == 0:
-        return x
-    b, c, h, width = x.shape
-    w = width // views
-    batch = torch.arange(b, device=x.device)[:, None, None, None]
-    chan = torch.arange(c, device=x.device)[None, :, None, None]
-    out = []
-    for v in range(views):
-        padded = F.pad(x[..., v * w:(v + 1) * w], (pad, pad, pad, pad), mode="replicate")
-        dy, dx = torch.randint(0, 2 * pad + 1, (2, b), generator=g, device=g.device).to(x.device)
-        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
-        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
-        out.append(padded[batch, chan, rows, cols])
-    return torch.cat(out, dim=-1)
+    w = x.shape[-1] // views
+    return torch.cat([shift_one(x[..., v * w:(v + 1) * w], pad, g) for v in range(views)], dim=-1)
 
 
 @torch.no_grad()
