@@ -219,7 +219,7 @@ offline-install:
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
 #   make wm-distill RUN=r     one-step students of both views                         RUN/worldmodels/*_student/
-#   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 ..." [TRIALS=n REAL_TRIALS=n PAIR=d MANIFEST=f]
+#   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 hold ..." [TRIALS=n REAL_TRIALS=n PAIR=d MANIFEST=f]
 #        imagined (held-out keyframes) vs real success per policy, Spearman, cost  PAIR/ranking.json
 #        (runs in .venv/train: it drives the real simulator too)
 WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)

@@ -41,7 +41,7 @@ returns only a few files).
                                their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
-    python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3" [TRIALS=4 REAL_TRIALS=10]
+    python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10]
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -392,7 +392,7 @@ def phase_wmspeed(v: dict, env: dict) -> None:
 def phase_rank(v: dict, env: dict) -> None:
     """Imagined vs real success of several policies in RUN's pair (make wm-rank)."""
     run = v.get("RUN", "runs/h200")
-    policies = v.get("POLICIES", "sft/1000 sft/2000 sft/4000 sft/4000@T=3").split()
+    policies = v.get("POLICIES", "sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold").split()
     stage("wm_rank", "wm_rank.py", ["--run", run, *[a for p in policies for a in ("--policy", p)],
                                     "--trials", v.get("TRIALS", "4"), "--real-trials", v.get("REAL_TRIALS", "10"),
                                     "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress"], env)

@@ -1,7 +1,7 @@
 """Does the model pair rank policies as the real simulator does? (``wmrl.evaluation.ranking``)
 
     python python/wm_rank.py --run runs/c1 --policy sft/1000 --policy sft/2000 --policy sft/4000 \
-        --policy sft/4000@T=3                       # 4 policies: imagined vs real success, Spearman
+        --policy sft/4000@T=3 --policy hold         # 5 policies: imagined vs real success, Spearman
     make wm-rank RUN=runs/c1 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3"
 
 Each policy rolls closed-loop in the pair (RUN/model_pair) from held-out keyframes (the
@@ -27,8 +27,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--pair", help="model pair folder (default RUN/model_pair)")
     p.add_argument("--manifest", help="held-out keyframes from this manifest's validation split (default RUN/manifest.json)")
     p.add_argument("--policy", action="append", default=[], required=True,
-                   help="a checkpoint (sft/N, a GRPO step N, or a folder), optionally @ode or @T=<temperature>; "
-                        "repeat it, 4 or more policies")
+                   help="a checkpoint (sft/N, a GRPO step N, or a folder), optionally @ode or @T=<temperature>, "
+                        "or a control: hold (zero actions) or random (uniform); repeat it, 4 or more policies")
     p.add_argument("--trials", type=int, default=4, help="imagined rollouts per held-out keyframe")
     p.add_argument("--real-trials", type=int, default=10, help="fixed initial states per task in the real simulator")
     p.add_argument("--keyframes-per-task", type=int, default=5)
@@ -45,11 +45,12 @@ def build(argv: list[str] | None = None):
             raise ConfigError(f"{path} not found: make it first ({how} RUN={args.run})")
     if args.trials < 1 or not 1 <= args.real_trials <= 50 or args.keyframes_per_task < 1 or args.max_chunk < 0:
         raise ConfigError("--trials >= 1, --real-trials 1..50, --keyframes-per-task >= 1, --max-chunk >= 0")
-    from wmrl.evaluation.ranking import parse_policy
+    from wmrl.evaluation.ranking import check_distinct, parse_policy
 
     args.specs = [parse_policy(t, args.run) for t in args.policy]  # unknown checkpoints said now
     if len(args.specs) < 2:
         raise ConfigError("give at least 2 policies (--policy A --policy B ...; 4 or more for a meaningful ranking)")
+    check_distinct(args.specs)  # the same policy under two names would count twice
     args.sim = cli.sim_config(args, prof.sim)
     args.tasks = parse_tasks(args.tasks) or prof.eval.tasks
     args.out = Path(args.out or args.pair)
@@ -59,7 +60,8 @@ def build(argv: list[str] | None = None):
 def main(args) -> int:
     if args.dry_run:
         cli.print_plan("policy ranking", {"pair": args.pair, "manifest": args.manifest,
-                                          "policies": [f"{s.name} -> {s.checkpoint}" for s in args.specs],
+                                          "policies": [f"{s.name} -> {s.checkpoint or 'control, no checkpoint'}"
+                                                       for s in args.specs],
                                           "imagined": f"{args.trials} rollouts per held-out keyframe "
                                                       f"({args.keyframes_per_task} per task)",
                                           "real": f"{args.real_trials} fixed states x {len(args.tasks)} tasks",

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from wmrl.config import ConfigError, override
 from wmrl.evaluation import ranking
@@ -29,6 +30,36 @@ def test_policy_specs_and_their_errors(sft_run):  # noqa: F811
     for bad, words in (("sft/5@T=-1", "positive"), ("sft/5@fast", "after @"), ("sft/77", "global_step_77")):
         with pytest.raises(Exception, match=words):
             ranking.parse_policy(bad, sft_run)
+    assert ranking.parse_policy("hold", sft_run).checkpoint is None
+
+
+def test_a_policy_named_twice_is_refused(sft_run):  # noqa: F811
+    """sft/10 samples with its checkpoint's evaluation temperature: naming that temperature
+    again is the same policy, which would count twice in the rank correlation."""
+    t = json.loads((sft_run / "weights" / "sft" / "global_step_10" / "config.json").read_text())["policy"]
+    assert t["eval_sampler"] == "sde"
+    same = [ranking.parse_policy(x, sft_run) for x in ("sft/10", f"sft/10@T={t['temperature_eval']}")]
+    with pytest.raises(ConfigError, match="same policy"):
+        ranking.check_distinct(same)
+    with pytest.raises(ConfigError, match="same policy"):
+        ranking.check_distinct([ranking.parse_policy(x, sft_run) for x in ("hold", "sft/5", "hold")])
+    ranking.check_distinct([ranking.parse_policy(x, sft_run)  # other sampler, temperature, step, control: fine
+                            for x in ("sft/10", "sft/10@ode", "sft/10@T=3", "sft/5", "hold", "random")])
+
+
+def test_control_policies_act_as_named():
+    from types import SimpleNamespace
+
+    obs = [SimpleNamespace(task_index=0, step=8 * i, state=np.asarray([i], np.float64)) for i in range(3)]
+    hold = ranking.ControlPolicy("hold", chunk_size=8).act(obs)
+    assert hold.shape == (3, 8, 7) and not hold.any()
+    rand = ranking.ControlPolicy("random", chunk_size=8, seed=1)
+    a = rand.act(obs)
+    assert a.shape == (3, 8, 7) and np.abs(a).max() <= 1 and a.std() > 0.4  # uniform on [-1, 1]: std 0.58
+    assert np.array_equal(rand.act(obs[1:2]), a[1:2])  # the same observation, the same actions, whatever the batch
+    assert not np.array_equal(a[0], a[1])
+    with pytest.raises(ConfigError, match="hold, random"):
+        ranking.ControlPolicy("expert", chunk_size=8)
 
 
 def test_ranking_in_a_tiny_pair_and_the_real_simulator(run_with_pair, tmp_path):  # noqa: F811
@@ -39,7 +70,7 @@ def test_ranking_in_a_tiny_pair_and_the_real_simulator(run_with_pair, tmp_path):
     from wmrl.worldmodel.data import load_split
 
     layout = RunLayout(run_with_pair)
-    specs = [ranking.parse_policy(t, run_with_pair) for t in ("sft/5", "sft/10", "sft/10@T=4")]
+    specs = [ranking.parse_policy(t, run_with_pair) for t in ("sft/5", "sft/10", "sft/10@T=4", "hold")]
     sim = override(TINY.sim, max_steps=24)
     kw = dict(pair=layout.model_pair, manifest=layout.manifest, sim=sim, tasks=(0,), trials=2, real_trials=1,
               keyframes_per_task=2, max_chunk=1, seed=0, workers=1, device="cpu", bf16=False)
@@ -54,6 +85,12 @@ def test_ranking_in_a_tiny_pair_and_the_real_simulator(run_with_pair, tmp_path):
         assert row["real"]["trials"] == 1 and 0 <= row["real"]["success_rate"] <= 1
         assert row["imagined"]["seconds"] > 0 and row["imagined"]["steps_per_s"] > 0
     assert first["policies"][2]["policy_id"].endswith("T4")
+    hold = first["policies"][3]
+    assert hold["policy_id"] == "control-hold" and hold["checkpoint"] is None and hold["model_sha256"] is None
+    for row in first["policies"]:  # when success came and how sure the reward was, per policy
+        im = row["imagined"]
+        assert (im["success_chunk_mean"] is None) == (im["successes"] == 0)
+        assert im["reward_peak_median"] is None or 0 <= im["reward_peak_median"] <= 1
     assert first["spearman"] is None or -1 <= first["spearman"] <= 1
     assert first["cost"]["real_seconds"] > 0
     again = ranking.rank_policies(specs, out_dir=tmp_path / "b", **kw)
@@ -71,6 +108,8 @@ def test_the_entry_script_refuses_bad_input_before_loading(run_with_pair, root):
     assert r.returncode == 2 and "global_step_99" in r.stderr and "Traceback" not in r.stderr
     r = run("--policy", "sft/5", "--policy", "sft/10", "--pair", str(run_with_pair / "nowhere"))
     assert r.returncode == 2 and "make package" in r.stderr
+    r = run("--policy", "sft/10", "--policy", "sft/10@T=1.6", "--policy", "sft/5")
+    assert r.returncode == 2 and "same policy" in r.stderr and "Traceback" not in r.stderr
     r = run("--policy", "sft/5", "--policy", "sft/10@T=2", "--dry-run")
     assert r.returncode == 0 and "held-out keyframe" in r.stdout and "sft/10@T=2" in r.stdout
     with pytest.raises(ConfigError, match="at least 2"):

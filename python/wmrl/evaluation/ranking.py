@@ -16,6 +16,10 @@ evaluation cost in seconds: a pair that ranks policies right is also a cheap eva
 The scripted expert acts on the simulator's object poses, which imagination does not have, so
 the policies compared are checkpoints: supervised ones of different training lengths and the
 same checkpoint with a noisier sampler (a higher SDE temperature) make a spread of skill.
+Two controls need no checkpoint: ``hold`` (every action zero: the arm stays, the gripper does
+not move) and ``random`` (uniform actions in [-1, 1]^7, the simulator's random policy per
+chunk). Both fail in the real simulator; a pair whose reward lets them succeed in imagination
+does not judge the actions, whatever its ranking of the checkpoints.
 """
 
 from __future__ import annotations
@@ -37,14 +41,58 @@ class PolicySpec:
     picks the sampler (default: the checkpoint's flow-SDE at its evaluation temperature)."""
 
     name: str
-    checkpoint: Path
+    checkpoint: Path | None  # None: a control (``hold``, ``random``)
     sampler: str | None = None  # None: the checkpoint's eval_sampler
     temperature: float | None = None  # None: the checkpoint's temperature_eval
+
+    def identity(self) -> tuple:
+        """What makes the actions: the checkpoint with the sampler and temperature it will
+        really use (its config's defaults filled in), so ``sft/4000`` and ``sft/4000@T=1.6``
+        are the same policy when 1.6 is the checkpoint's evaluation temperature."""
+        if self.checkpoint is None:
+            return (self.name,)
+        import json
+
+        cfg = json.loads((self.checkpoint / "config.json").read_text()).get("policy", {})
+        sampler = self.sampler or cfg.get("eval_sampler", "sde")
+        temperature = self.temperature if self.temperature is not None else cfg.get("temperature_eval")
+        return (str(self.checkpoint.resolve()), sampler, float(temperature) if sampler == "sde" else None)
+
+
+CONTROLS = ("hold", "random")
+
+
+class ControlPolicy:
+    """``hold`` or ``random`` as a chunk policy (the harness's and imagination's interface):
+    no checkpoint, the same actions for the same observation whatever the batch."""
+
+    def __init__(self, name: str, chunk_size: int, action_dim: int = 7, seed: int = 0):
+        if name not in CONTROLS:
+            raise ConfigError(f"unknown control policy {name!r}: choose one of {', '.join(CONTROLS)}")
+        self.name, self.chunk_size, self.action_dim, self.seed = name, chunk_size, action_dim, int(seed)
+        self.policy_id = f"control-{name}"
+
+    def settings(self) -> dict:
+        return {"control": self.name, "policy_seed": self.seed,
+                "actions": "zero (arm still, gripper unchanged)" if self.name == "hold" else "uniform in [-1, 1]^7"}
+
+    def act(self, observations: list) -> np.ndarray:
+        out = np.zeros((len(observations), self.chunk_size, self.action_dim), np.float32)
+        if self.name == "random":
+            for i, o in enumerate(observations):  # seeded by the observation, as PolicyRunner's noise
+                key = [self.seed, int(o.task_index), int(o.step)]
+                state = getattr(o, "state", None)
+                if state is not None:
+                    key += np.frombuffer(np.ascontiguousarray(state, np.float64).tobytes(), np.uint32).tolist()
+                out[i] = np.random.default_rng(key).uniform(-1.0, 1.0, out.shape[1:])
+        return out
 
 
 def parse_policy(text: str, run: str | Path) -> PolicySpec:
     from wmrl.policy import checkpoint as ck
 
+    if text in CONTROLS:
+        return PolicySpec(text, None)
     ref, _, how = text.partition("@")
     path = Path(ref)
     if not (path / "model.safetensors").is_file():
@@ -62,6 +110,19 @@ def parse_policy(text: str, run: str | Path) -> PolicySpec:
     elif how:
         raise ConfigError(f"--policy {text}: after @ write ode or T=<temperature> (e.g. sft/4000@T=3)")
     return PolicySpec(text, path, sampler, temperature)
+
+
+def check_distinct(specs: list[PolicySpec]) -> None:
+    """Refuse a policy listed twice under two names: it would count twice in the rank correlation."""
+    seen: dict[tuple, str] = {}
+    for spec in specs:
+        key = spec.identity()
+        if key in seen:
+            what = spec.name if spec.checkpoint is None else f"{spec.checkpoint.name}, {key[1]}" + (
+                f" at temperature {key[2]:g}" if key[2] is not None else "")
+            raise ConfigError(f"--policy {seen[key]} and --policy {spec.name} are the same policy ({what}): list each "
+                              "once (another temperature: @T=<t>; the deterministic sampler: @ode)")
+        seen[key] = spec.name
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -107,10 +168,15 @@ def imagined_success(env, runner, trials: int) -> dict:
     outcomes = env.run(starts, trials, act)
     seconds = time.perf_counter() - t0
     steps = sum(o.steps for o in outcomes)
-    wins = sum(o.success for o in outcomes)
-    return {"success_rate": wins / len(outcomes), "successes": wins, "rollouts": len(outcomes),
+    wins = [o for o in outcomes if o.success]
+    peaks = [o.reward_peak for o in outcomes if o.reward_peak is not None]
+    return {"success_rate": len(wins) / len(outcomes), "successes": len(wins), "rollouts": len(outcomes),
             "keyframes": len(starts), "trials_per_keyframe": trials, "seconds": round(seconds, 2),
-            "imagined_steps": steps, "steps_per_s": round(steps / max(seconds, 1e-9), 1)}
+            "imagined_steps": steps, "steps_per_s": round(steps / max(seconds, 1e-9), 1),
+            # when imagination declares success, and how sure the reward is: a reward that fires
+            # early and for every policy alike is the first suspect when the ranking fails
+            "success_chunk_mean": round(float(np.mean([o.chunks for o in wins])), 2) if wins else None,
+            "reward_peak_median": round(float(np.median(peaks)), 4) if peaks else None}
 
 
 def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
@@ -128,6 +194,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
 
     if len(specs) < 2:
         raise ConfigError("ranking needs at least 2 policies (--policy A --policy B ...; 4 or more to mean much)")
+    check_distinct(specs)
     dev = pick_device(device)
     loaded = load_pair(pair)  # every file's hash, then the contract, before any weight or episode loads
     check_contract(loaded, image_size=sim.image_size, chunk_size=sim.chunk_size)
@@ -145,15 +212,19 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     rows = []
     try:
         for spec in specs:
-            runner = PolicyRunner(spec.checkpoint, device=str(dev), sampler=spec.sampler, temperature=spec.temperature,
-                                  seed=seed)
+            if spec.checkpoint is None:
+                runner = ControlPolicy(spec.name, sim.chunk_size, contract["action_dim"], seed=seed)
+            else:
+                runner = PolicyRunner(spec.checkpoint, device=str(dev), sampler=spec.sampler,
+                                      temperature=spec.temperature, seed=seed)
             imagined = imagined_success(env, runner, trials)
             t0 = time.perf_counter()
             cfg = EvalConfig(tasks=tasks, trials=real_trials, workers=pool.num_workers, seed=seed)
             real = evaluate(runner, sim=sim, cfg=cfg, out_dir=out_dir / _slug(spec.name), policy_id=runner.policy_id,
                             overwrite=True, progress=progress, extra_settings=runner.settings(), pool=pool).summary
-            rows.append({"name": spec.name, "checkpoint": str(spec.checkpoint), "policy_id": runner.policy_id,
-                         "model_sha256": sha256_file(spec.checkpoint / "model.safetensors"),
+            rows.append({"name": spec.name, "checkpoint": str(spec.checkpoint) if spec.checkpoint else None,
+                         "policy_id": runner.policy_id,
+                         "model_sha256": sha256_file(spec.checkpoint / "model.safetensors") if spec.checkpoint else None,
                          "imagined": imagined,
                          "real": {"success_rate": real["success_rate"], "successes": real["successes"],
                                   "trials": real["trials"], "seconds": round(time.perf_counter() - t0, 2)}})
