@@ -9,7 +9,10 @@ chunks, the reward model's accuracy on real and on imagined frames, agreement wi
 simulator on whole episodes (replayed actions: does the imagined episode succeed when the real
 one did, and when) beside the same reward reading the real frames (its ceiling), whether each
 model reads its actions (one chunk ahead: the real chunk against another's, on the pixels
-that move), and real-vs-imagined MP4s; written to PAIR/fidelity.json and PAIR/videos/.
+that move), what the two controls reach in imagination from held-out keyframes (``hold``:
+zero actions, ``random``: uniform ones; both fail in the simulator, so their imagined success
+is imagination's false-alarm rate; ``--control-trials 0`` skips it), and real-vs-imagined MP4s;
+written to PAIR/fidelity.json and PAIR/videos/.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ def build(argv: list[str] | None = None):
                    help="validation episodes to imagine (at most; from the half the reward was not calibrated on)")
     p.add_argument("--horizon", type=int, default=30, help="chunks per open-loop rollout (30: a whole 240-step episode)")
     p.add_argument("--videos", type=int, default=4)
+    p.add_argument("--control-trials", type=int, default=4,
+                   help="closed-loop rollouts of each control (hold, random) per held-out keyframe; 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
+    if args.control_trials < 0:
+        raise ConfigError(f"--control-trials {args.control_trials}: give 0 (none) or more")
     args.pair = Path(args.pair or RunLayout(args.run).model_pair)
     args.manifest = Path(args.manifest or RunLayout(args.run).manifest)
     for path, how in ((args.pair / "pair.json", "make package"), (args.manifest, "make manifest")):
@@ -77,9 +84,16 @@ def main(args) -> int:
                                                             threshold=reward.saved_meta.get("threshold_real")),
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
+    if args.control_trials:
+        from wmrl.evaluation.ranking import control_false_alarms
+
+        result["controls"] = control_false_alarms(args.pair, args.manifest, trials=args.control_trials,
+                                                  max_chunks=args.horizon, seed=args.seed, device=device,
+                                                  bf16=device.type == "cuda")
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
     write_json(pair.root / "fidelity.json", result)
-    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "action_response")
+    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "action_response",
+                                             "controls")
                       if k in result},
                      indent=1))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")

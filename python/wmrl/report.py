@@ -140,6 +140,10 @@ def world_models(pair: Path, run: Path) -> list[Block]:
                               "gain from the actions (dB)"],
                     [[v, x["psnr_moving"]["true"], x["psnr_moving"]["other"], x["psnr_moving"]["held"],
                       x["psnr_moving"]["gain_db"]] for v, x in resp.items()]))
+    ctl = d.get("controls") or {}
+    if ctl:  # both fail in the simulator: what they reach in the pair is imagination's false-alarm rate
+        out.append(("table", ["control (fails in the simulator)", "imagined success", "rollouts"],
+                    [[n, _pct(ctl[n]["success_rate"]), ctl[n]["rollouts"]] for n in ("hold", "random") if n in ctl]))
     for v in sorted((pair / "videos").glob("*"))[:2] if (pair / "videos").is_dir() else []:
         out.append(("video", v, f"{v.name}: real | imagined (main), real | imagined (wrist)"))
     rk = pair / "ranking.json"  # make wm-rank: does the pair order policies as the simulator does?

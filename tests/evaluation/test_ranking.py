@@ -117,3 +117,24 @@ def test_the_entry_script_refuses_bad_input_before_loading(run_with_pair, root):
                               sim=TINY.sim, tasks=(0,), trials=1, real_trials=1, keyframes_per_task=1, max_chunk=0,
                               seed=0, workers=1, out_dir=run_with_pair)
     assert json.loads((run_with_pair / "model_pair" / "pair.json").read_text())  # nothing written over
+
+
+def test_control_false_alarms_follow_the_rewards_threshold(sft_run, tmp_path):  # noqa: F811
+    """Imagination's false-alarm rate for the controls: a reward whose threshold every frame
+    clears calls every rollout successful at its first chunk, one no frame clears none."""
+    import shutil
+
+    from tests.rl.conftest import add_pair
+
+    rates = {}
+    for threshold in (0.0, 1.01):
+        run = tmp_path / f"t{threshold}"
+        shutil.copytree(sft_run, run)
+        pair = add_pair(run, threshold=threshold, episodes=8)
+        rates[threshold] = ranking.control_false_alarms(pair, run / "manifest.json", trials=2, max_chunks=3)
+    for name in ranking.CONTROLS:
+        always, never = rates[0.0][name], rates[1.01][name]
+        assert always["success_rate"] == 1.0 and always["success_chunk_mean"] == 1.0
+        assert never["success_rate"] == 0.0 and never["success_chunk_mean"] is None
+        assert never["imagined_steps"] == never["rollouts"] * 3 * 8  # every rollout ran its 3 chunks
+        assert always["rollouts"] == never["rollouts"] == 2 * rates[0.0]["keyframes"]["count"]

@@ -611,6 +611,10 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     for view in ("main", "wrist"):  # does each model read its actions? (None: one transition only)
         r = fid["action_response"][view]
         assert r is None or np.isfinite(r["psnr"]["gain_db"])
+    ctl = fid["controls"]  # the controls' imagined success: imagination's false-alarm rate
+    assert ctl["keyframes"]["origin"].startswith("keyframes of held-out") and ctl["keyframes"]["count"] >= 1
+    for name in ("hold", "random"):
+        assert ctl[name]["rollouts"] == 4 * ctl["keyframes"]["count"] and 0 <= ctl[name]["success_rate"] <= 1
 
     w = run / "model_pair/wrist/model.safetensors"
     data = bytearray(w.read_bytes())

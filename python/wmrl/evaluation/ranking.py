@@ -179,6 +179,50 @@ def imagined_success(env, runner, trials: int) -> dict:
             "reward_peak_median": round(float(np.median(peaks)), 4) if peaks else None}
 
 
+def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_size: int | None, max_chunks: int,
+                 tasks: tuple[int, ...] | None, max_chunk: int, keyframes_per_task: int, seed: int, device,
+                 bf16: bool):
+    """The pair as GRPO's imagined environment, started from keyframes of the manifest's
+    validation episodes (no world model trained on them); ``image_size`` / ``chunk_size`` None:
+    the pair's own. Returns (env, the pair's contract, the keyframes' summary for the result)."""
+    from wmrl.release.pair import check_contract, load_pair
+    from wmrl.rl.envs import ImaginedEnv, Keyframes
+
+    loaded = load_pair(pair)  # every file's hash, then the contract, before any weight or episode loads
+    contract = loaded.meta["contract"]
+    image_size, chunk_size = image_size or contract["image_size"], chunk_size or contract["chunk_size"]
+    check_contract(loaded, image_size=image_size, chunk_size=chunk_size)
+    keyframes = Keyframes.held_out(manifest, chunk=chunk_size, context=contract["context"], max_chunk=max_chunk,
+                                   per_task=keyframes_per_task, seed=seed,
+                                   action_history=contract.get("action_history", 0))
+    held = {int(k["task"]) for k in keyframes.info["keyframes"]}
+    kf_tasks = tuple(sorted(held & set(tasks) if tasks is not None else held))
+    if not kf_tasks:
+        raise ConfigError(f"{manifest}'s validation episodes hold no keyframe of tasks {list(tasks or ())}")
+    env = ImaginedEnv(pair, tasks=kf_tasks, groups=1, seed=seed, max_chunks=max_chunks, image_size=image_size,
+                      chunk_size=chunk_size, index_dir=None, device=device, bf16=bf16, keyframes=keyframes)
+    info = {"origin": keyframes.origin, "count": sum(t in env.tasks for t in env.keyframe_tasks),
+            "episodes": keyframes.info["episodes"]}
+    return env, contract, info
+
+
+def control_false_alarms(pair: Path, manifest: Path, *, trials: int = 4, keyframes_per_task: int = 5,
+                         max_chunks: int = 30, seed: int = 0, device="cpu", bf16: bool = False) -> dict:
+    """Imagined success of the two controls from held-out keyframes, no simulator needed: ``hold``
+    never moves the arm and ``random`` does not solve a task, so in the real simulator both stay
+    near 0% from these starts (the keyframes are where the goal does not hold yet); what they
+    reach in the pair is the rate at which imagination calls a failing rollout successful."""
+    env, contract, keyframes = held_out_env(pair, manifest, image_size=None, chunk_size=None, max_chunks=max_chunks,
+                                            tasks=None, max_chunk=0, keyframes_per_task=keyframes_per_task, seed=seed,
+                                            device=device, bf16=bf16)
+    out = {"keyframes": keyframes, "trials_per_keyframe": trials, "max_chunks": max_chunks,
+           "threshold": env.threshold}
+    for name in CONTROLS:
+        runner = ControlPolicy(name, env.chunk_size, contract["action_dim"], seed=seed)
+        out[name] = imagined_success(env, runner, trials)
+    return out
+
+
 def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
                   real_trials: int, keyframes_per_task: int, max_chunk: int, seed: int, workers: int, out_dir: Path,
                   device: str = "auto", bf16: bool = True, progress: bool = False) -> dict:
@@ -188,26 +232,16 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     from wmrl.evaluation.harness import evaluate
     from wmrl.fileio import sha256_file
     from wmrl.policy.runner import PolicyRunner
-    from wmrl.release.pair import check_contract, load_pair
-    from wmrl.rl.envs import ImaginedEnv, Keyframes
     from wmrl.sim.vector import SimulatorPool
 
     if len(specs) < 2:
         raise ConfigError("ranking needs at least 2 policies (--policy A --policy B ...; 4 or more to mean much)")
     check_distinct(specs)
     dev = pick_device(device)
-    loaded = load_pair(pair)  # every file's hash, then the contract, before any weight or episode loads
-    check_contract(loaded, image_size=sim.image_size, chunk_size=sim.chunk_size)
-    contract = loaded.meta["contract"]
-    keyframes = Keyframes.held_out(manifest, chunk=contract["chunk_size"], context=contract["context"],
-                                   max_chunk=max_chunk, per_task=keyframes_per_task, seed=seed,
-                                   action_history=contract.get("action_history", 0))
-    kf_tasks = tuple(sorted({int(k["task"]) for k in keyframes.info["keyframes"]} & set(tasks)))
-    if not kf_tasks:
-        raise ConfigError(f"{manifest}'s validation episodes hold no keyframe of tasks {list(tasks)}")
-    env = ImaginedEnv(pair, tasks=kf_tasks, groups=1, seed=seed, max_chunks=sim.max_steps // sim.chunk_size,
-                      image_size=sim.image_size, chunk_size=sim.chunk_size, index_dir=None, device=dev, bf16=bf16,
-                      keyframes=keyframes)
+    env, contract, keyframes = held_out_env(pair, manifest, image_size=sim.image_size, chunk_size=sim.chunk_size,
+                                            max_chunks=sim.max_steps // sim.chunk_size, tasks=tasks,
+                                            max_chunk=max_chunk, keyframes_per_task=keyframes_per_task, seed=seed,
+                                            device=dev, bf16=bf16)
     pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
     rows = []
     try:
@@ -236,8 +270,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     rho = spearman([r["imagined"]["success_rate"] for r in rows], [r["real"]["success_rate"] for r in rows])
     imag_s = sum(r["imagined"]["seconds"] for r in rows)
     real_s = sum(r["real"]["seconds"] for r in rows)
-    return {"pair": str(pair), "manifest": str(manifest), "keyframes": {"origin": keyframes.origin,
-            "count": sum(t in env.tasks for t in env.keyframe_tasks), "episodes": keyframes.info["episodes"]},
+    return {"pair": str(pair), "manifest": str(manifest), "keyframes": keyframes,
             "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
             "policies": rows, "spearman": None if rho is None else round(rho, 4),
             "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),
