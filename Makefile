@@ -215,7 +215,7 @@ offline-install:
 #   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n] [MAX_MINUTES=m]   both views; WM_GPUS_MAIN /
 #        WM_GPUS_WRIST pick the GPU groups (default half and half, one GPU shared; CPU without GPUs); HOSTFILE=f for
 #        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows)
-#   make wm-reward RUN=r      the frozen success classifier            RUN/worldmodels/reward/
+#   make wm-reward RUN=r [CONTROL_NEGATIVES=hold,random]  the frozen success classifier  RUN/worldmodels/reward/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
 #   make wm-distill RUN=r     one-step students of both views                         RUN/worldmodels/*_student/
@@ -237,7 +237,7 @@ wm-update: setup
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \
-		$(OVER)
+		$(OVER) $(if $(CONTROL_NEGATIVES),--control-negatives $(CONTROL_NEGATIVES))
 
 package: setup
 	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \

@@ -26,7 +26,8 @@ returns only a few files).
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
-                               WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)]
+                               WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)
+                               REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
                                SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25 SCHEDULE=cosine]
@@ -318,7 +319,7 @@ def phase_wm(v: dict, env: dict) -> None:
     stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
                                                              "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})
     if not (layout.reward / "config.json").exists():  # after the update: it trains on the frames they generate
-        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress"], env)
+        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress", *shlex.split(v.get("REWARD_ARGS", ""))], env)
     stage("package", "package_pair.py", ["--run", run, "--overwrite"], env)
     stage("wm_eval", "wm_eval.py", ["--run", run, "--videos", "4"], env)
     pack(Path(run), "wm")

@@ -572,9 +572,11 @@ def _py(script, *args, check=True):
 
 def test_reward_model_pair_packaging_and_fidelity(updated_run):
     run, _ = updated_run
-    _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress")
+    _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress", "--control-negatives", "hold,random")
     reward = json.loads((run / "worldmodels/reward/config.json").read_text())
     assert 0 < reward["threshold"] < 1 and reward["train_success_frames"] > 0
+    # both controls imagined from every training episode's start, each frame a failure
+    assert reward["config"]["control_negatives"] == ["hold", "random"] and reward["train_control_frames"] > 0
     # the updated world models replayed every episode: their frames (real labels) trained the reward,
     # and the threshold was set where GRPO judges when the generated validation frames show both outcomes
     assert reward["train_generated_frames"] > 0 and reward["val_generated_frames"] > 0
@@ -991,3 +993,39 @@ def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
     out = script._passthrough(args)
     assert "--compile" in out and "--no-all-phases" in out and "True" not in out and "False" not in out
     assert out[out.index("--steps") + 1] == "7" and out[out.index("--self-context") + 1] == "0.25"
+
+
+def test_control_rollouts_are_failures_of_the_full_horizon():
+    """The reward's control negatives: only starts where the goal does not hold, the control's
+    actions for the whole horizon (zero for hold, uniform for random), every frame a failure."""
+    import torch
+    from wmrl.config import ConfigError, RewardConfig
+    from wmrl.worldmodel.data import Episode
+    from wmrl.worldmodel.reward import control_episodes, control_frames
+
+    def episode(success_at_start: bool) -> Episode:
+        n, px = 3, TINY.main.image_size
+        img = np.full((n, px, px, 3), 120, np.uint8)
+        success = np.array([success_at_start, False, True])
+        return Episode(main=img, wrist=img, proprio=np.zeros((n, 8), np.float32),
+                       actions=np.full((n - 1, 8, 7), 0.3, np.float32), success=success, source="new", key="f:demo_0")
+
+    eps = [episode(False), episode(True)]
+    rng = np.random.default_rng(0)
+    hold, rand = control_episodes(eps, 5, "hold", rng), control_episodes(eps, 5, "random", rng)
+    assert len(hold) == len(rand) == 1  # the episode whose goal holds at its start is no control's start
+    assert hold[0].actions.shape == (5, 8, 7) and not hold[0].actions.any()
+    assert np.abs(rand[0].actions).max() <= 1 and rand[0].actions.std() > 0.4
+    assert not hold[0].success.any() and hold[0].outcome is False and eps[0].actions.max() == np.float32(0.3)
+
+    torch.manual_seed(0)
+    main_m, wrist_m = FrameWorldModel(TINY.main).eval(), FrameWorldModel(TINY.wrist).eval()
+    main_m.set_proprio_stats({"mean": torch.zeros(8), "std": torch.ones(8)})
+    wrist_m.set_proprio_stats({"mean": torch.zeros(8), "std": torch.ones(8)})
+    frames, labels, index = control_frames(main_m, wrist_m, eps, 4, controls=("hold", "random"), views=("main", "wrist"))
+    assert frames.shape == (2 * 4, TINY.main.image_size, 2 * TINY.main.image_size, 3)  # 4 imagined frames per control
+    assert frames.dtype == torch.uint8 and not labels.any() and len(index) == len(frames)
+    with pytest.raises(ConfigError, match="control_negatives"):
+        RewardConfig(control_negatives=("hold", "fly"))
+    with pytest.raises(ConfigError, match="each once"):
+        RewardConfig(control_negatives=("hold", "hold"))

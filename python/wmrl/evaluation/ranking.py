@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from wmrl.config import ConfigError
+from wmrl.worldmodel.reward import CONTROLS  # hold and random, the same two wherever controls are named
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,6 @@ class PolicySpec:
         sampler = self.sampler or cfg.get("eval_sampler", "sde")
         temperature = self.temperature if self.temperature is not None else cfg.get("temperature_eval")
         return (str(self.checkpoint.resolve()), sampler, float(temperature) if sampler == "sde" else None)
-
-
-CONTROLS = ("hold", "random")
 
 
 class ControlPolicy:

@@ -137,6 +137,48 @@ def imagined_frames(main_model, wrist_model, episodes, horizon: int, *, views: t
     return torch.cat(frames), torch.cat(labels), torch.cat(index)
 
 
+CONTROLS = ("hold", "random")
+
+
+def control_frames(main_model, wrist_model, episodes, horizon: int, *, controls: tuple[str, ...],
+                   views: tuple[str, ...], batch: int = 32, seed: int = 0, device="cpu"):
+    """Known failures as negatives: the pair imagines each episode from its real start under a
+    control's actions for ``horizon`` chunks (``hold``: zero actions, the arm stays and the
+    gripper does not move; ``random``: uniform in [-1, 1]^7), neither of which completes a task
+    from a start where the goal does not hold. Every frame is labelled failure. The reward then
+    sees what the pair's drift looks like under actions that cannot succeed, where the open-loop
+    replays of real episodes show drift only along trajectories that may. Returns
+    ``imagined_frames``' triple."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k, name in enumerate(controls):
+        eps = control_episodes(episodes, horizon, name, rng)
+        if eps:
+            parts.append(imagined_frames(main_model, wrist_model, eps, horizon, views=views, batch=batch,
+                                         seed=seed + 1000 * (k + 1), device=device))
+    if not parts:
+        return no_frames()
+    return tuple(torch.cat(x) for x in zip(*parts))
+
+
+def control_episodes(episodes, horizon: int, control: str, rng: np.random.Generator) -> list:
+    """``episodes`` whose goal does not hold at the start, with ``horizon`` chunks of the
+    control's actions in place of theirs and no success anywhere (what the simulator would say)."""
+    from dataclasses import replace
+
+    if control not in CONTROLS:
+        raise ValueError(f"unknown control {control!r}; choose from {CONTROLS}")
+    out = []
+    for e in episodes:
+        if e.success[0]:
+            continue
+        acts = np.zeros((horizon, *e.actions.shape[1:]), np.float32)
+        if control == "random":
+            acts = rng.uniform(-1.0, 1.0, acts.shape).astype(np.float32)
+        out.append(replace(e, actions=acts, success=np.zeros(horizon + 1, bool), outcome=False))
+    return out
+
+
 def no_frames() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``imagined_frames`` of no episode."""
     return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long)
@@ -215,16 +257,21 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     """uint8 frames (N, H, W, 3) and bool labels -> ``out/model.safetensors`` + ``config.json``.
     Trained through DeepSpeed like the world models (one process; bf16 on a GPU).
     ``generated``: {"train": (frames, labels), "val": (frames, labels)} imagined by the pair;
-    the training ones join the real frames, the validation ones set the threshold.
+    the training ones join the real frames, the validation ones set the threshold; an optional
+    "controls" entry (``control_frames``) joins the training frames too.
     ``val_episode`` (``episode_index`` of the real validation frames): also calibrate
     success-once on the real validation episodes (``threshold_real``), the threshold with which
     ``make wm-eval`` measures the reward's own ceiling on real frames; ``val_outcomes``
     (``simulator_outcomes``): the simulator's verdict on those episodes as the truth there."""
-    gen_train_n = 0
+    gen_train_n = control_n = 0
     if generated is not None and len(generated["train"][0]):
         gen_train_n = len(generated["train"][0])
         train_frames = torch.cat([train_frames, generated["train"][0]])
         train_labels = torch.cat([train_labels, generated["train"][1]])
+    if generated is not None and len(generated.get("controls", no_frames())[0]):  # control_frames: all failures
+        control_n = len(generated["controls"][0])
+        train_frames = torch.cat([train_frames, generated["controls"][0]])
+        train_labels = torch.cat([train_labels, generated["controls"][1]])
     import deepspeed
     from tqdm import tqdm
 
@@ -308,6 +355,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
             "val_balanced_accuracy_generated": balanced_accuracy(gen_probs >= threshold, gen_val[1]) if len(gen_val[0])
             else None, "val_frames": len(val_frames), "val_generated_frames": len(gen_val[0]),
             "train_frames": len(train_frames), "train_generated_frames": gen_train_n,
+            "train_control_frames": control_n,
             "train_success_frames": int(len(pos)), "final_loss": float(loss.detach()),
             "wall_s": round(time.perf_counter() - t0, 1), **lineage}
     model.save_pretrained(out, meta=meta)
