@@ -67,6 +67,8 @@ def main() -> None:
                         "every --views; default none)")
     p.add_argument("--horizon", type=int, default=30, help="chunks imagined per episode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reward-seeds", type=lambda t: [int(x) for x in t.split(",")],
+                   help="train every reward with each of these seeds on the same generated frames (default: --seed)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--models", help="folder for the trained pair: loaded from it when there, else trained and saved "
@@ -134,17 +136,17 @@ def main() -> None:
           flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        for spec, ctl in [(v, c) for v in a.views for c in a.controls]:
+        for spec, ctl, seed in [(v, c, s) for v in a.views for c in a.controls for s in a.reward_seeds or [a.seed]]:
             views = tuple(spec.split(","))
             controls = tuple(c for c in ctl.split(",") if c != "none")
-            cfg = RewardConfig(views=views, steps=a.reward_steps, seed=a.seed, generated_horizon=a.horizon,
+            cfg = RewardConfig(views=views, steps=a.reward_steps, seed=seed, generated_horizon=a.horizon,
                                control_negatives=controls)
             gen = {k: (columns(f, views, a.size), labels, episode) for k, (f, labels, episode) in generated.items()}
             if controls:
                 gen["controls"] = tuple(torch.cat([columns(control_train[c][0], views, a.size) for c in controls])
                                         if i == 0 else torch.cat([control_train[c][i] for c in controls])
                                         for i in range(3))
-            spec = spec if not controls else f"{spec}+{ctl}"
+            spec = (spec if not controls else f"{spec}+{ctl}") + (f"@seed{seed}" if a.reward_seeds else "")
             meta = train_reward(*episode_frames(train, views), *episode_frames(calib, views), cfg, Path(tmp) / spec, {},
                                 progress=False, generated=gen, val_episode=episode_index(calib),
                                 val_outcomes=simulator_outcomes(calib))
