@@ -143,9 +143,8 @@ def main() -> None:
                                control_negatives=controls)
             gen = {k: (columns(f, views, a.size), labels, episode) for k, (f, labels, episode) in generated.items()}
             if controls:
-                gen["controls"] = tuple(torch.cat([columns(control_train[c][0], views, a.size) for c in controls])
-                                        if i == 0 else torch.cat([control_train[c][i] for c in controls])
-                                        for i in range(3))
+                frames, labels, index = (torch.cat(x) for x in zip(*(control_train[c] for c in controls)))
+                gen["controls"] = (columns(frames, views, a.size), labels, index)
             spec = (spec if not controls else f"{spec}+{ctl}") + (f"@seed{seed}" if a.reward_seeds else "")
             meta = train_reward(*episode_frames(train, views), *episode_frames(calib, views), cfg, Path(tmp) / spec, {},
                                 progress=False, generated=gen, val_episode=episode_index(calib),

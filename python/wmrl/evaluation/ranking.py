@@ -52,11 +52,11 @@ class PolicySpec:
         are the same policy when 1.6 is the checkpoint's evaluation temperature."""
         if self.checkpoint is None:
             return (self.name,)
-        import json
+        from wmrl.policy.model import FlowPolicy
 
-        cfg = json.loads((self.checkpoint / "config.json").read_text()).get("policy", {})
-        sampler = self.sampler or cfg.get("eval_sampler", "sde")
-        temperature = self.temperature if self.temperature is not None else cfg.get("temperature_eval")
+        cfg, _ = FlowPolicy.read_config(self.checkpoint)  # the config alone, no weights
+        sampler = self.sampler or cfg.eval_sampler
+        temperature = self.temperature if self.temperature is not None else cfg.temperature_eval
         return (str(self.checkpoint.resolve()), sampler, float(temperature) if sampler == "sde" else None)
 
 
