@@ -42,7 +42,8 @@ returns only a few files).
                                their teachers: fidelity, imagined steps/s with the policy)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
-    python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10]
+    python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
+                               RANK_ARGS="--traces"]
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -396,7 +397,8 @@ def phase_rank(v: dict, env: dict) -> None:
     policies = v.get("POLICIES", "sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold").split()
     stage("wm_rank", "wm_rank.py", ["--run", run, *[a for p in policies for a in ("--policy", p)],
                                     "--trials", v.get("TRIALS", "4"), "--real-trials", v.get("REAL_TRIALS", "10"),
-                                    "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress"], env)
+                                    "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
+                                    *shlex.split(v.get("RANK_ARGS", ""))], env)  # RANK_ARGS="--traces": any wm_rank.py option
     pack(Path(run), "rank")
 
 

@@ -60,7 +60,7 @@ def main(args) -> int:
     from wmrl.fileio import write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
-    from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, write_videos
+    from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, reward_traces, write_videos
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.reward import RewardModel
 
@@ -82,6 +82,8 @@ def main(args) -> int:
               # the reward has one (a threshold set for blurred imagined frames misjudges sharp ones)
               "agreement_on_real_frames": episode_agreement(roll, reward, frames="real",
                                                             threshold=reward.saved_meta.get("threshold_real")),
+              # per episode and chunk: to judge other success rules offline (bench/RESULTS.md)
+              "reward_traces": reward_traces(roll, reward),
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
     if args.control_trials:

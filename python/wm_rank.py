@@ -34,6 +34,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--keyframes-per-task", type=int, default=5)
     p.add_argument("--max-chunk", type=int, default=0, help="keyframes up to this chunk of an episode (0: starts only)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--traces", action="store_true",
+                   help="imagine every rollout to the last chunk and keep the reward's probability per chunk in "
+                        "ranking.json (to judge other success rules offline; success decided as always)")
     p.add_argument("--no-bf16", action="store_true", help="imagine in float32 on the GPU")
     cli.add_common(p)
     args = p.parse_args(argv)
@@ -75,7 +78,7 @@ def main(args) -> int:
                            trials=args.trials, real_trials=args.real_trials, keyframes_per_task=args.keyframes_per_task,
                            max_chunk=args.max_chunk, seed=args.seed or 0, workers=args.workers or default_workers(),
                            out_dir=args.out / "ranking", device=args.device, bf16=not args.no_bf16,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, traces=args.traces)
     write_json(args.out / "ranking.json", result)
     png = ranking_scatter(result, args.out / "ranking.png")
     print(json.dumps({"spearman": result["spearman"], "cost": result["cost"]}, indent=1))

@@ -138,3 +138,22 @@ def test_control_false_alarms_follow_the_rewards_threshold(sft_run, tmp_path):  
         assert never["success_rate"] == 0.0 and never["success_chunk_mean"] is None
         assert never["imagined_steps"] == never["rollouts"] * 3 * 8  # every rollout ran its 3 chunks
         assert always["rollouts"] == never["rollouts"] == 2 * rates[0.0]["keyframes"]["count"]
+
+
+def test_traces_run_every_rollout_to_the_end_without_changing_the_decision(sft_run, tmp_path):  # noqa: F811
+    """``traces``: a reward whose threshold every frame clears still decides success at the first
+    chunk, but the rollouts go on to the last chunk and each keeps one probability per chunk."""
+    from tests.rl.conftest import add_pair
+
+    pair = add_pair(sft_run, threshold=0.0, episodes=8)
+    env, contract, _ = ranking.held_out_env(pair, sft_run / "manifest.json", image_size=None, chunk_size=None,
+                                            max_chunks=3, tasks=None, max_chunk=0, keyframes_per_task=5, seed=0,
+                                            device="cpu", bf16=False)
+    hold = ranking.ControlPolicy("hold", env.chunk_size, contract["action_dim"])
+    plain, traced = ranking.imagined_success(env, hold, 2), ranking.imagined_success(env, hold, 2, traces=True)
+    assert plain["success_rate"] == traced["success_rate"] == 1.0
+    assert plain["success_chunk_mean"] == traced["success_chunk_mean"] == 1.0  # decided at the first chunk
+    assert "traces" not in plain and plain["imagined_steps"] == plain["rollouts"] * 8  # stopped at the success
+    assert traced["imagined_steps"] == traced["rollouts"] * 8  # steps count to the decision, not the imagining
+    assert len(traced["traces"]) == traced["rollouts"] == len(traced["trace_keyframes"])
+    assert all(len(t) == 3 and all(0 <= p <= 1 for p in t) for t in traced["traces"])  # every chunk imagined

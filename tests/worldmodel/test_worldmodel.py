@@ -610,6 +610,9 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert reward["val_generated_episodes"]["episodes"] == 1 and fid["agreement"]["episodes"] == 1
     assert fid["episodes_disjoint_from_reward_calibration"] is True
     assert fid["agreement_on_real_frames"]["episodes"] == 1
+    traces = fid["reward_traces"]  # per scored episode, the reward's probability at every chunk
+    assert len(traces["imagined"]) == len(traces["real"]) == len(traces["outcome"]) == 1
+    assert len(traces["imagined"][0]) == len(traces["labels"][0]) and traces["imagined"][0][0] is not None
     for view in ("main", "wrist"):  # does each model read its actions? (None: one transition only)
         r = fid["action_response"][view]
         assert r is None or np.isfinite(r["psnr"]["gain_db"])
@@ -700,7 +703,7 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     """Constructed cases with known answers: imagined frames that copy the real ones, judged by a
     reward that reads the success mark, agree with the simulator on every episode (1.0, timing 0);
     a reward that never says success scores 0.5 balanced."""
-    from wmrl.worldmodel.fidelity import episode_agreement
+    from wmrl.worldmodel.fidelity import episode_agreement, reward_traces
 
     real = torch.full((4, 7, 3, 8, 8), -1.0)
     success = [torch.zeros(7, dtype=torch.bool) for _ in range(4)]
@@ -750,6 +753,10 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     assert episode_agreement(roll, Strict(), frames="real")["balanced_accuracy"] == 0.5
     ceiling = episode_agreement(roll, Strict(), frames="real", threshold=0.5)  # wm-eval passes threshold_real
     assert ceiling["balanced_accuracy"] == 1.0 and ceiling["timing_error_chunks"] == 0.0
+    traces = reward_traces(roll, Strict())  # the raw probabilities behind both verdicts, per chunk
+    assert traces["outcome"] == [True, False, True, False] and traces["labels"][0][3] and not traces["labels"][1][3]
+    assert traces["real"][0][3] > 0.99 and traces["real"][0][2] < 0.01 and traces["real"][0][4] is None  # ended at 3
+    assert traces["imagined"] == traces["real"] and all(len(t) == 7 for t in traces["real"])
 
     # the simulator's verdict is the truth: episode 3 succeeded with the goal held only inside a
     # chunk (no success frame), so even the copying pair misses it, and the report says why

@@ -145,9 +145,11 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def imagined_success(env, runner, trials: int) -> dict:
+def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
     """``trials`` closed-loop rollouts of ``runner`` (a ``PolicyRunner``) from every keyframe of
-    ``env`` (an ``ImaginedEnv``) of its tasks, all in one batch."""
+    ``env`` (an ``ImaginedEnv``) of its tasks, all in one batch. ``traces``: every rollout imagined
+    to the last chunk, the reward's probability at each chunk kept ("traces"; the success decision
+    unchanged): other decision rules can be judged offline against the real success rates."""
     from wmrl.rl.envs import Start
 
     starts = [Start(0, i, t, keyframe=i) for i, t in enumerate(env.keyframe_tasks) if t in env.tasks]
@@ -163,7 +165,7 @@ def imagined_success(env, runner, trials: int) -> dict:
         return torch.from_numpy(runner.act(rows))
 
     t0 = time.perf_counter()
-    outcomes = env.run(starts, trials, act)
+    outcomes = env.run(starts, trials, act, to_the_end=traces)
     seconds = time.perf_counter() - t0
     steps = sum(o.steps for o in outcomes)
     wins = [o for o in outcomes if o.success]
@@ -174,7 +176,9 @@ def imagined_success(env, runner, trials: int) -> dict:
             # when imagination declares success, and how sure the reward is: a reward that fires
             # early and for every policy alike is the first suspect when the ranking fails
             "success_chunk_mean": round(float(np.mean([o.chunks for o in wins])), 2) if wins else None,
-            "reward_peak_median": round(float(np.median(peaks)), 4) if peaks else None}
+            "reward_peak_median": round(float(np.median(peaks)), 4) if peaks else None,
+            **({"traces": [o.reward_trace for o in outcomes], "trace_keyframes": [o.start for o in outcomes]}
+               if traces else {})}
 
 
 def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_size: int | None, max_chunks: int,
@@ -223,8 +227,9 @@ def control_false_alarms(pair: Path, manifest: Path, *, trials: int = 4, keyfram
 
 def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
                   real_trials: int, keyframes_per_task: int, max_chunk: int, seed: int, workers: int, out_dir: Path,
-                  device: str = "auto", bf16: bool = True, progress: bool = False) -> dict:
-    """Imagined and real success of every policy, their rank correlation and costs."""
+                  device: str = "auto", bf16: bool = True, progress: bool = False, traces: bool = False) -> dict:
+    """Imagined and real success of every policy, their rank correlation and costs (``traces``:
+    see ``imagined_success``; the imagined seconds then count the rollouts run to the end)."""
     from wmrl.config import EvalConfig
     from wmrl.device import pick_device
     from wmrl.evaluation.harness import evaluate
@@ -249,7 +254,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
             else:
                 runner = PolicyRunner(spec.checkpoint, device=str(dev), sampler=spec.sampler,
                                       temperature=spec.temperature, seed=seed)
-            imagined = imagined_success(env, runner, trials)
+            imagined = imagined_success(env, runner, trials, traces=traces)
             t0 = time.perf_counter()
             cfg = EvalConfig(tasks=tasks, trials=real_trials, workers=pool.num_workers, seed=seed)
             real = evaluate(runner, sim=sim, cfg=cfg, out_dir=out_dir / _slug(spec.name), policy_id=runner.policy_id,

@@ -67,6 +67,9 @@ class Outcome:
     # ImaginedEnv: the highest success probability the reward model gave the rollout's frames
     # (up to its success): where the calibrated threshold cuts, read per rollout
     reward_peak: float | None = None
+    # ImaginedEnv.run(to_the_end=True): the reward's probability at every imagined chunk, past the
+    # success too (decision rules other than the first crossing, studied offline)
+    reward_trace: list[float] | None = None
 
 
 class RolloutEnv(Protocol):
@@ -273,7 +276,10 @@ class ImaginedEnv:
         return out
 
     @torch.no_grad()
-    def run(self, starts: list[Start], group_size: int, act) -> list[Outcome]:
+    def run(self, starts: list[Start], group_size: int, act, *, to_the_end: bool = False) -> list[Outcome]:
+        """``to_the_end``: imagine every rollout for ``max_chunks`` and record the reward's
+        probability at each chunk (``Outcome.reward_trace``); success and its chunk are decided
+        as always (the first chunk at the threshold), only the imagining goes on."""
         from wmrl.worldmodel.model import images_to_unit, unit_to_images
 
         if not starts:  # more processes than groups: nothing to imagine here
@@ -291,6 +297,7 @@ class ImaginedEnv:
         success = torch.zeros_like(done)
         chunks = torch.zeros(b, dtype=torch.long, device=self.device)
         peak = torch.zeros(b, device=self.device)
+        trace = torch.full((b, self.max_chunks), float("nan"), device=self.device) if to_the_end else None
         imagined = torch.arange(b, device=self.device)  # the rollouts in the world's batch, in its order
         step = starts[0].step
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16 and self.device.type == "cuda")
@@ -311,13 +318,19 @@ class ImaginedEnv:
                 seen = self.reward.inputs({"main": m, "wrist": w})
                 prob = torch.sigmoid(self.reward(seen.to(next(self.reward.parameters()).dtype)).float())
             main[live], wrist[live], proprio[live] = unit_to_images(m.float()), unit_to_images(w.float()), p.float()
-            chunks[live] += 1
-            peak[live] = torch.maximum(peak[live], prob)
             hit = prob >= self.threshold
+            open_ = ~success[live]  # still undecided: counts its chunk and its peak
+            chunks[live[open_]] += 1
+            peak[live[open_]] = torch.maximum(peak[live[open_]], prob[open_])
             success[live] |= hit
-            done[live] |= hit
+            if trace is None:
+                done[live] |= hit
+            else:
+                trace[live, t] = prob
         return [Outcome(rid[i], group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
-                        self.keyframe_names[int(kf[i])], reward_peak=round(float(peak[i]), 4)) for i in range(b)]
+                        self.keyframe_names[int(kf[i])], reward_peak=round(float(peak[i]), 4),
+                        reward_trace=None if trace is None else [round(x, 4) for x in trace[i].tolist()])
+                for i in range(b)]
 
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),

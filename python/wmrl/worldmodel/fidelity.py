@@ -168,6 +168,23 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
 
 
 @torch.no_grad()
+def reward_traces(roll: dict, reward) -> dict:
+    """Per episode of ``open_loop``'s rollouts, the reward's probability at every chunk on the
+    imagined and on the real frames, with the simulator's labels: the raw material for judging a
+    success rule (threshold, several chunks in a row, a horizon) offline; invalid chunks are None."""
+    valid = roll["valid"]
+    out = {"imagined": [], "real": [], "labels": [], "outcome": [bool(x) for x in roll.get(
+        "outcome", torch.stack(roll["success"]).bool().any(1))]}
+    for i in range(valid.shape[0]):
+        for frames in ("imagined", "real"):
+            x = reward.inputs({v: roll[frames][v][i] for v in reward.cfg.views})
+            prob = torch.sigmoid(reward(x)).float().cpu()
+            out[frames].append([round(float(p), 4) if ok else None for p, ok in zip(prob, valid[i])])
+        out["labels"].append([bool(y) and bool(ok) for y, ok in zip(roll["success"][i], valid[i])])
+    return out
+
+
+@torch.no_grad()
 def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = True, batch: int = 256
                     ) -> dict | None:
     """Does ``model`` read the actions? At every chunk boundary of ``episodes``, from the real
