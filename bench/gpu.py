@@ -27,7 +27,9 @@ returns only a few files).
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
     python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
                                WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)
-                               REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)]
+                               REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
+                               COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
+                               data, after unpack: unpack+wm; EPISODES=0: no demonstrations)]
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
                                SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25 SCHEDULE=cosine]
@@ -295,15 +297,34 @@ def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
     WM_DEMO_ARGS: more options of collect_demos.py (``--action-noise 0.2 --keep-failures``: a noisy
     expert whose failures are kept, actions that vary more for the same scene)."""
     layout = RunLayout(run)
+    workers = v.get("WORKERS", str(os.cpu_count()))
     # a frame every step where a probe trains on every phase (PHASES=0,1), else at chunk boundaries
     interval = v.get("FRAME_INTERVAL", "1" if "1" in v.get("PHASES", "0").split(",") else "0")
-    if not list(layout.demos.glob("*.hdf5")):
-        stage("wm_demos", "collect_demos.py", ["--workers", v.get("WORKERS", str(os.cpu_count())), "--out", layout.demos,
+    if episodes != "0" and not list(layout.demos.glob("*.hdf5")):
+        stage("wm_demos", "collect_demos.py", ["--workers", workers, "--out", layout.demos,
                                                "--episodes", episodes, "--frame-interval", interval,
                                                "--no-progress", *shlex.split(v.get("WM_DEMO_ARGS", ""))], env)
+    # COLLECT="sft/4000@T=1 sft/4000@T=3": RUN's policy's own episodes (unpack a carried one first),
+    # failures kept, COLLECT_EPISODES per task each, as the manifest's new data: the pair then
+    # sees the mistakes of the policies it must tell apart (make collect; seeds 1, 2, ... in turn)
+    new = [v["NEW"]] if "NEW" in v else []
+    for i, spec in enumerate(v.get("COLLECT", "").split()):
+        ckpt, _, how = spec.partition("@")
+        if how == "ode":
+            sampler = ["--sampler", "ode"]
+        elif how.startswith("T=") or not how:  # the flow-SDE, at temperature 1 unless named
+            sampler = ["--sampler", "sde", "--temperature", how[2:] or "1"]
+        else:
+            sys.exit(f"COLLECT: {spec!r}: write CKPT, CKPT@ode or CKPT@T=<temperature>")
+        out = layout.root / ("collect_" + "".join(c if c.isalnum() else "_" for c in spec))
+        new.append(str(out))
+        if not layout.manifest.exists():  # collect.py continues each task's file where it stopped
+            stage(f"collect_{i}", "collect.py", ["--run", run, "--ckpt", ckpt, *sampler, "--out", out, "--seed", str(i + 1),
+                                                 "--episodes", v.get("COLLECT_EPISODES", episodes), "--workers", workers,
+                                                 "--frame-interval", interval, "--no-progress"], env)
     if not layout.manifest.exists():
-        stage("manifest", "make_manifest.py", ["--run", run, "--replay", layout.demos,
-                                               *(["--new", v["NEW"]] if "NEW" in v else [])], env)
+        stage("manifest", "make_manifest.py", ["--run", run, *(["--replay", layout.demos] if episodes != "0" else []),
+                                               *(["--new", *new] if new else [])], env)
     return layout
 
 
