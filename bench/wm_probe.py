@@ -29,7 +29,9 @@ episodes, PSNR and SSIM (grain that PSNR hardly sees shows in SSIM):
 ``--action-history N``) gives it ``WorldModelConfig.action_history``: the N chunks of actions
 before the current one. A final ``^``
 (or ``--pose-maps``) turns on ``WorldModelConfig.pose_maps`` (main view): the end effector now
-and after the chunk drawn as two input channels.
+and after the chunk drawn as two input channels. A final ``%P`` (or ``--action-dropout P``) trains
+with ``WorldModelConfig.action_dropout``; such a model is evaluated again at the end with action
+guidance at each of ``--guidance`` (its action response too).
 
 ``--ema BETA`` also keeps an exponential moving average of the weights (the decay ramps up as
 ``(1 + n) / (10 + n)`` until it reaches BETA) and evaluates it beside the raw weights at every
@@ -88,6 +90,7 @@ def parse_arch(text: str, a) -> dict:
     ``p4+32:128,256,256x1``; generating the change from the current frame with sigma_data 0.13
     ``32,64,128,256x1/r0.13``; moving pixels weighing 10x in the loss ``p4+32:128,256,256x1~9``.
     Without ``@``: --context-noise; without ``~``: --motion-weight."""
+    text, _, drop = text.partition("%")
     pose = text.endswith("^")
     text, _, history = text.removesuffix("^").partition("&")
     patch, _, rest = text.rpartition(":")
@@ -103,7 +106,8 @@ def parse_arch(text: str, a) -> dict:
                 "context_noise": float(noise or a.context_noise), "patch": int(patch[1:] or 1), "refine": int(refine or 0),
                 "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {}),
                 "motion_weight": float(motion or a.motion_weight), "pose_maps": pose or a.pose_maps,
-                "action_history": int(history or a.action_history)}
+                "action_history": int(history or a.action_history),
+                "action_dropout": float(drop or a.action_dropout)}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
@@ -215,7 +219,8 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     prefix = f"p{patch}" + (f"+{cfg.refine}" if cfg.refine else "") + ":" if patch > 1 or cfg.refine else ""
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
-        + (f"&{cfg.action_history}" if cfg.action_history else "") + ("^" if cfg.pose_maps else "")
+        + (f"&{cfg.action_history}" if cfg.action_history else "") + ("^" if cfg.pose_maps else "") \
+        + (f"%{cfg.action_dropout:g}" if cfg.action_dropout else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -291,12 +296,25 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
             write_strip(more, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}_{n}steps.png")
     if a.strips and frames is not None:
         write_strip(frames, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}.png")
+    by_guidance = {}
+    for w in a.guidance if cfg.action_dropout else []:  # the same weights sampled with action guidance w
+        model.guidance = w
+        by_guidance[w], _ = evaluate(model, held, val_eps, a.view, norm, a.device)
+        model.eval()
+        by_guidance[w]["action_response"] = action_response(model, val_eps, seed=0, device=a.device)
+        model.train()
+        r = by_guidance[w]
+        print(f"  guidance {w:g}: one chunk {r['one_chunk']:.2f} dB / SSIM {r['one_chunk_ssim']:.3f}; open loop "
+              + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}" for k, v in r["open_loop"].items())
+              + (f"; the actions are worth {r['action_response']['psnr_moving']['gain_db']:+.2f} dB on moving pixels"
+                 if r["action_response"] else ""), flush=True)
+    model.guidance = 1.0
     gen_batch = 256 if a.device == "cuda" else 16
     rate = generation_rate(model, held, gen_batch, a.device)
     print(f"generation: {rate:,.0f} frames/s ({gen_batch} at once, {cfg.sample_steps} Euler steps)", flush=True)
     return {"arch": name, "parameters": sum(p.numel() for p in model.parameters()), "gflop_per_sample": flops / 1e9,
             "frames_per_s": round(rate, 1), "generation_batch": gen_batch, "action_response": response, "curve": curve,
-            "by_sample_steps": by_steps}, model
+            "by_sample_steps": by_steps, "by_guidance": by_guidance}, model
 
 
 def main() -> None:
@@ -317,6 +335,11 @@ def main() -> None:
                    help="WorldModelConfig.pose_maps for every --arch (main view; or '^' after one --arch)")
     p.add_argument("--action-history", type=int, default=0,
                    help="WorldModelConfig.action_history of an --arch without &N: past chunks of actions it reads")
+    p.add_argument("--action-dropout", type=float, default=0.0,
+                   help="WorldModelConfig.action_dropout for every --arch (one arch: a final %%P, e.g. 64,128x1%%0.1)")
+    p.add_argument("--guidance", type=lambda t: [float(x) for x in t.split(",") if x], default=[2.0, 4.0],
+                   help="after training, models with action dropout are evaluated again at these action guidance "
+                        "scales (WorldModelConfig.action_guidance; 1: none)")
     p.add_argument("--steps", type=int, default=500, help="updates per architecture (at most)")
     p.add_argument("--minutes", type=float, help="training time per architecture (at most; evaluations not counted)")
     p.add_argument("--batch", type=int, default=16)

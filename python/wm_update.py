@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import VIEWS, ConfigError, WMTrainConfig, get_profile, profile_names
+from wmrl.config import VIEWS, ConfigError, WMTrainConfig, get_profile, override, profile_names
 from wmrl.layout import RunLayout
 
 
@@ -34,6 +34,10 @@ def build(argv: list[str] | None = None):
     p.add_argument("--view", choices=VIEWS, help="train this view only (default: both, with the stop rule)")
     cli.add_config_flags(p, WMTrainConfig, title="training (--steps: the wrist model's target decides for both)",
                          skip=("ds_config_cpu", "ds_config_gpu"))
+    p.add_argument("--action-dropout", type=float,
+                   help="both views' WorldModelConfig.action_dropout (train for action guidance; default: the profile's)")
+    p.add_argument("--action-guidance", type=float,
+                   help="both views' WorldModelConfig.action_guidance, saved with the models (needs --action-dropout)")
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -47,6 +51,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     prof = get_profile(args.profile).wm
+    # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
+    guidance = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
+    prof = dataclasses.replace(prof, main=override(prof.main, **guidance), wrist=override(prof.wrist, **guidance))
     train = cli.config_from_flags(args, prof.train)
     manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
@@ -72,6 +79,9 @@ def _passthrough(args) -> list[str]:
             out.append(flag if val else f"--no-{flag[2:]}")
         elif val is not None:
             out += [flag, str(val)]
+    for name in ("action_dropout", "action_guidance"):
+        if getattr(args, name, None) is not None:
+            out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
     if args.init_pair:

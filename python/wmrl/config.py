@@ -387,8 +387,23 @@ class WorldModelConfig:
     # +0.15 dB, open loop level (bench/RESULTS.md "Batch 256 and action history on the H200").
     # 0: the current chunk only
     action_history: int = 1
+    # Classifier-free guidance on the actions (Ho & Salimans; action-conditioned video models use
+    # it for action adherence). In training this fraction of samples sees a learned null in place
+    # of all its actions, so the network also learns the next frame without them; sampling at
+    # ``action_guidance`` w > 1 then takes D_null + w (D_actions - D_null) at every Euler step (two
+    # network calls): what the actions change is amplified w times. On the H200 the pair imagined
+    # the same success for a precise and a sloppy policy (bench/RESULTS.md "Controls as negatives
+    # on the H200"): the actions are averaged away. 0 / 1: off (one call per step)
+    action_dropout: float = 0.0
+    action_guidance: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.action_dropout < 1:
+            raise ConfigError(f"action_dropout={self.action_dropout}: the fraction of training samples without their "
+                              "actions, in [0, 1) (0: off; 0.1 is usual for guidance)")
+        if self.action_guidance < 0 or (self.action_guidance != 1 and self.action_dropout == 0):
+            raise ConfigError(f"action_guidance={self.action_guidance} needs a model trained with action_dropout > 0 "
+                              "(it learns the null the guidance pushes away from); use 1 for none")
         if self.view not in VIEWS:
             raise ConfigError(f"world model view {self.view!r}: choose one of {', '.join(VIEWS)}")
         if self.condition_on_main and self.view != "wrist":

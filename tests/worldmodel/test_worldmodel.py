@@ -263,6 +263,41 @@ def test_a_residual_model_generates_the_change_from_the_views_current_frame(traj
     torch.testing.assert_close(loss_res, loss_plain)
 
 
+def test_action_guidance_amplifies_what_the_actions_change_and_needs_action_dropout(trajectories):
+    """action_dropout trains a learned null in place of the actions; sampling at guidance w is
+    D_null + w (D_actions - D_null) per step: w = 1 is the plain sample, w = 0 the null's, and
+    the guided frame's change between two action chunks is about w times the plain one's."""
+    from wmrl.config import ConfigError, override
+
+    t = _new_transitions(trajectories)
+    b = t.batch(torch.arange(4), "main", False, proprio_stats(t))
+    torch.manual_seed(0)
+    model = FrameWorldModel(override(TINY.main, action_dropout=0.2))
+    with torch.no_grad():
+        for p in model.parameters():  # zero-initialised layers would hide every difference
+            p.add_(0.05 * torch.randn_like(p))
+    noise = torch.randn(4, 3, 64, 64)
+
+    def sample(w, actions=b["actions"], steps=1):
+        model.guidance = w
+        with torch.no_grad():
+            return model.sample(noise, b["frames"], actions, b["proprio"], steps)
+
+    plain = sample(1.0)
+    assert not torch.allclose(plain, sample(0.0), atol=1e-4)  # the null differs from the actions
+    other = -b["actions"]
+    # one Euler step from sigma_max to 0 is linear in D: the actions' effect scales exactly
+    torch.testing.assert_close(sample(3.0) - sample(3.0, other), 3 * (plain - sample(1.0, other)), atol=1e-4, rtol=1e-3)
+    assert torch.isfinite(sample(2.0, steps=3)).all()
+    model.guidance = 1.0
+    loss, parts = model.loss(**b)
+    loss.backward()
+    assert model.null_actions.grad is not None and torch.isfinite(loss)  # the null is trained
+    assert not hasattr(FrameWorldModel(TINY.main), "null_actions")  # old models keep their parameter names
+    with pytest.raises(ConfigError, match="action_dropout"):
+        override(TINY.main, action_guidance=2.0)
+
+
 def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
     """motion_weight W: a pixel that changes over the chunk weighs 1 + W in the frame loss. The
     same weights and noise give a larger loss with it; where nothing moves (the target is the
@@ -1000,6 +1035,9 @@ def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
     out = script._passthrough(args)
     assert "--compile" in out and "--no-all-phases" in out and "True" not in out and "False" not in out
     assert out[out.index("--steps") + 1] == "7" and out[out.index("--self-context") + 1] == "0.25"
+    assert "--action-dropout" not in out  # the profile's unless given
+    guided = script._passthrough(argparse.Namespace(**vars(args), action_dropout=0.1, action_guidance=2.0))
+    assert guided[guided.index("--action-dropout") + 1] == "0.1" and guided[guided.index("--action-guidance") + 1] == "2.0"
 
 
 def test_control_rollouts_are_failures_of_the_full_horizon():

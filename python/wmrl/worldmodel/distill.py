@@ -97,7 +97,8 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
     cfg, layout = job.cfg, RunLayout(job.run)
     out = layout.wm_student(view)
     teacher = FrameWorldModel.from_pretrained(teacher_info["weights"], device).requires_grad_(False)
-    student_cfg = dataclasses.replace(teacher.cfg, sample_steps=cfg.student_steps)
+    # the student learns the teacher's guided sample in its own few calls: it needs no guidance of its own
+    student_cfg = dataclasses.replace(teacher.cfg, sample_steps=cfg.student_steps, action_guidance=1.0)
     step, state = 0, None
     if (out / STATE_FILE).exists():
         state = torch.load(out / STATE_FILE, map_location="cpu", weights_only=True)

@@ -167,6 +167,9 @@ class FrameWorldModel(Pretrained, nn.Module):
         act = cfg.action_chunks * cfg.chunk_size * cfg.action_dim  # past chunks, then the current one
         self.noise_emb = nn.Sequential(FourierFeatures(c), nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
         self.act_emb = nn.Sequential(nn.Linear(act + cfg.proprio_dim, c), nn.SiLU(), nn.Linear(c, c))
+        if cfg.action_dropout > 0:  # only then: models trained without it keep their parameter names
+            self.null_actions = nn.Parameter(torch.zeros(act))  # "no actions given" (guidance's reference)
+        self.guidance = cfg.action_guidance  # runtime: sampling may be asked for another scale (the probe)
         if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
             self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
         pp = cfg.patch * cfg.patch  # space-to-depth: each p x p patch of 3 channels becomes 3 p^2 channels
@@ -207,12 +210,14 @@ class FrameWorldModel(Pretrained, nn.Module):
 
     # --------------------------------------------------------------------------- EDM pieces
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
-                proprio: torch.Tensor, context_level: torch.Tensor | None = None) -> torch.Tensor:
+                proprio: torch.Tensor, context_level: torch.Tensor | None = None,
+                no_actions: torch.Tensor | None = None) -> torch.Tensor:
         """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
         noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
         actions (B, action_chunks x chunk, A) in [-1, 1] (``action_history`` past chunks, oldest
         first, then the chunk to imagine); proprio (B, P) normalised; ``context_level`` (B,):
-        the std of the noise already added to ``frames`` (training's augmentation; None: 0)."""
+        the std of the noise already added to ``frames`` (training's augmentation; None: 0);
+        ``no_actions`` (B,) bool: these samples see the learned null instead of their actions."""
         dt = self.unet.stem.weight.dtype  # bf16 under DeepSpeed on a GPU: everything in one dtype
         noisy, sigma, frames, actions, proprio = (t.to(dt) for t in (noisy, sigma, frames, actions, proprio))
         sd = self.cfg.sigma_data
@@ -221,7 +226,10 @@ class FrameWorldModel(Pretrained, nn.Module):
         c_skip = sd**2 / (s**2 + sd**2)
         c_out = s * sd / torch.sqrt(s**2 + sd**2)
         c_noise = torch.log(sigma) / 4
-        cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([actions.flatten(1), proprio], dim=1))
+        acts = actions.flatten(1)
+        if no_actions is not None:
+            acts = torch.where(no_actions[:, None], self.null_actions.to(dt), acts)
+        cond = self.noise_emb(c_noise) + self.act_emb(torch.cat([acts, proprio], dim=1))
         if self.cfg.context_noise > 0:
             level = sigma.new_zeros(sigma.shape) if context_level is None else context_level.to(dt)
             cond = cond + self.context_noise_emb(level[:, None] / self.cfg.context_noise)
@@ -274,7 +282,8 @@ class FrameWorldModel(Pretrained, nn.Module):
             frames = frames.float() + level[:, None, None, None, None] * torch.randn(frames.shape, device=frames.device)
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(b, device=target.device))
         noisy = target + sigma[:, None, None, None] * torch.randn_like(target)
-        denoised = self.denoise(noisy, sigma, frames, actions, proprio, level).float()
+        drop = torch.rand(b, device=target.device) < cfg.action_dropout if cfg.action_dropout > 0 else None
+        denoised = self.denoise(noisy, sigma, frames, actions, proprio, level, no_actions=drop).float()
         weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2  # unit-variance targets (EDM)
         frame_loss = (weight[:, None, None, None] * pixel_weight * (denoised - target) ** 2).mean()
         proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
@@ -309,11 +318,23 @@ class FrameWorldModel(Pretrained, nn.Module):
     def sample(self, noise: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
                steps: int) -> torch.Tensor:
         """The Euler sampler itself, ``steps`` network calls from ``noise`` to a frame (not yet
-        clamped); differentiable, so a few-step student can learn it (``wmrl.worldmodel.distill``)."""
+        clamped; each call on twice the batch under action guidance, ``self.guidance`` != 1);
+        differentiable, so a few-step student can learn it (``wmrl.worldmodel.distill``)."""
         b = frames.shape[0]
         sig = self.sigmas(steps, frames.device)
         x = noise.to(frames.device) * sig[0]
+        w = self.guidance
+        if w != 1:  # with and without the actions in one batch of 2B
+            frames, actions, proprio = (torch.cat([t, t]) for t in (frames, actions, proprio))
+            no_actions = torch.arange(2 * b, device=frames.device) >= b
         for i in range(steps):
-            d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
+            if w == 1:
+                d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
+            else:
+                both = self.denoise(torch.cat([x, x]), sig[i].expand(2 * b), frames, actions, proprio,
+                                    no_actions=no_actions).float()
+                d = both[b:] + w * (both[:b] - both[b:])  # D_null + w (D_actions - D_null)
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
+        if w != 1:
+            frames = frames[:b]
         return x + self.current_frame(frames).float() if self.cfg.residual else x
