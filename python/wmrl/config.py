@@ -390,10 +390,10 @@ class WorldModelConfig:
     # Classifier-free guidance on the actions (Ho & Salimans; action-conditioned video models use
     # it for action adherence). In training this fraction of samples sees a learned null in place
     # of all its actions, so the network also learns the next frame without them; sampling at
-    # ``action_guidance`` w > 1 then takes D_null + w (D_actions - D_null) at every Euler step (two
-    # network calls): what the actions change is amplified w times. On the H200 the pair imagined
-    # the same success for a precise and a sloppy policy (bench/RESULTS.md "Controls as negatives
-    # on the H200"): the actions are averaged away. 0 / 1: off (one call per step)
+    # ``action_guidance`` w > 1 then takes D_null + w (D_actions - D_null) at every Euler step (one
+    # call on twice the batch): what the actions change is amplified w times. On the H200 the pair
+    # imagined the same success for a precise and a sloppy policy (bench/RESULTS.md "Controls as
+    # negatives on the H200"): the actions are averaged away. action_guidance 1: off (plain sampling)
     action_dropout: float = 0.0
     action_guidance: float = 1.0
 
