@@ -163,6 +163,12 @@ def evaluate(model, held: dict, val_eps, view: str, norm: dict, device, steps: i
             "open_loop": ol}, frames
 
 
+def scores_text(scores: dict) -> str:
+    """``evaluate``'s scores in one line: one chunk ahead, then each open-loop horizon."""
+    return (f"one chunk {scores['one_chunk']:.2f} dB / SSIM {scores['one_chunk_ssim']:.3f}; open loop "
+            + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}" for k, v in scores["open_loop"].items()))
+
+
 def write_strip(frames: torch.Tensor, path: Path, episodes: int = 3) -> None:
     """Real | imagined columns for the first ``episodes`` held-out episodes, a row per chunk of
     STRIP_CHUNKS: grain, blur and a frozen arm are easier to see than to read off a number."""
@@ -271,9 +277,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
                   f"open loop {ol}; {r['samples_per_s']} samples/s, {trained:.0f} s", flush=True)
             if ema:
                 e = r["ema"]
-                print(f"  EMA weights: one chunk {e['one_chunk']:.2f} dB / SSIM {e['one_chunk_ssim']:.3f}; open loop "
-                      + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}" for k, v in e["open_loop"].items()),
-                      flush=True)
+                print(f"  EMA weights: {scores_text(e)}", flush=True)
     model.eval()
     response = action_response(model, val_eps, seed=0, device=a.device)
     model.train()
@@ -289,9 +293,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     by_steps = {}
     for n in a.final_steps:  # the trained weights read with more (or fewer) sampling steps
         by_steps[n], more = evaluate(model, held, val_eps, a.view, norm, a.device, steps=n)
-        print(f"  {n} Euler steps: one chunk {by_steps[n]['one_chunk']:.2f} dB / SSIM {by_steps[n]['one_chunk_ssim']:.3f}; "
-              "open loop " + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}"
-                                        for k, v in by_steps[n]["open_loop"].items()), flush=True)
+        print(f"  {n} Euler steps: {scores_text(by_steps[n])}", flush=True)
         if a.strips and more is not None:
             write_strip(more, Path(a.strips) / f"{name.replace(':', '_').replace('/', '_')}_{n}steps.png")
     if a.strips and frames is not None:
@@ -304,8 +306,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
         by_guidance[w]["action_response"] = action_response(model, val_eps, seed=0, device=a.device)
         model.train()
         r = by_guidance[w]
-        print(f"  guidance {w:g}: one chunk {r['one_chunk']:.2f} dB / SSIM {r['one_chunk_ssim']:.3f}; open loop "
-              + "; ".join(f"{k} chunks {v['psnr']:.2f} / {v['ssim']:.3f}" for k, v in r["open_loop"].items())
+        print(f"  guidance {w:g}: {scores_text(r)}"
               + (f"; the actions are worth {r['action_response']['psnr_moving']['gain_db']:+.2f} dB on moving pixels"
                  if r["action_response"] else ""), flush=True)
     model.guidance = 1.0

@@ -52,8 +52,8 @@ def build(argv: list[str] | None = None):
     args = p.parse_args(argv)
     prof = get_profile(args.profile).wm
     # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
-    guidance = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
-    prof = dataclasses.replace(prof, main=override(prof.main, **guidance), wrist=override(prof.wrist, **guidance))
+    actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
+    prof = dataclasses.replace(prof, main=override(prof.main, **actions), wrist=override(prof.wrist, **actions))
     train = cli.config_from_flags(args, prof.train)
     manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
