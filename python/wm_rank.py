@@ -37,6 +37,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--traces", action="store_true",
                    help="imagine every rollout to the last chunk and keep the reward's probability per chunk in "
                         "ranking.json (to judge other success rules offline; success decided as always)")
+    p.add_argument("--guidance", default="", help="imagine at these action-guidance scales, e.g. 1,2 (a pair trained "
+                   "with --action-dropout; the first is the headline; the real runs serve all). Default: the pair's own")
     p.add_argument("--no-bf16", action="store_true", help="imagine in float32 on the GPU")
     cli.add_common(p)
     args = p.parse_args(argv)
@@ -50,6 +52,10 @@ def build(argv: list[str] | None = None):
         raise ConfigError("--trials >= 1, --real-trials 1..50, --keyframes-per-task >= 1, --max-chunk >= 0")
     from wmrl.evaluation.ranking import check_distinct, parse_policy
 
+    try:
+        args.guidance = tuple(float(w) for w in args.guidance.split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"--guidance {args.guidance!r}: scales separated by commas, e.g. 1,2") from None
     args.specs = [parse_policy(t, args.run) for t in args.policy]  # unknown checkpoints said now
     if len(args.specs) < 2:
         raise ConfigError("give at least 2 policies (--policy A --policy B ...; 4 or more for a meaningful ranking)")
@@ -78,10 +84,11 @@ def main(args) -> int:
                            trials=args.trials, real_trials=args.real_trials, keyframes_per_task=args.keyframes_per_task,
                            max_chunk=args.max_chunk, seed=args.seed or 0, workers=args.workers or default_workers(),
                            out_dir=args.out / "ranking", device=args.device, bf16=not args.no_bf16,
-                           progress=not args.no_progress, traces=args.traces)
+                           progress=not args.no_progress, traces=args.traces,
+                           guidance=args.guidance)
     write_json(args.out / "ranking.json", result)
     png = ranking_scatter(result, args.out / "ranking.png")
-    print(json.dumps({"spearman": result["spearman"], "cost": result["cost"]}, indent=1))
+    print(json.dumps({k: result[k] for k in ("spearman", "spearman_by_guidance", "cost") if k in result}, indent=1))
     print(f"[wm-rank] {args.out / 'ranking.json'}" + (f", {png}" if png else ""))
     return 0
 

@@ -157,3 +157,38 @@ def test_traces_run_every_rollout_to_the_end_without_changing_the_decision(sft_r
     assert traced["imagined_steps"] == traced["rollouts"] * 8  # steps count to the decision, not the imagining
     assert len(traced["traces"]) == traced["rollouts"] == len(traced["trace_keyframes"])
     assert all(len(t) == 3 and all(0 <= p <= 1 for p in t) for t in traced["traces"])  # every chunk imagined
+
+
+def test_guidance_scales_share_the_real_runs_and_need_a_dropout_pair(sft_run, tmp_path):  # noqa: F811
+    """``guidance=(1, 2)``: every policy imagined at both scales (the first the headline, each with
+    its own Spearman) beside one real evaluation; a pair trained without action dropout refuses a
+    scale other than 1 before any rollout, saying how to retrain."""
+    import shutil
+
+    from tests.rl.conftest import add_pair
+
+    runs = {}
+    for dropout in (0.0, 0.1):
+        runs[dropout] = tmp_path / f"d{dropout}"
+        shutil.copytree(sft_run, runs[dropout])
+        add_pair(runs[dropout], threshold=0.5, episodes=8, action_dropout=dropout)
+    specs = [ranking.parse_policy(t, sft_run) for t in ("hold", "random")]
+    kw = dict(sim=override(TINY.sim, max_steps=16), tasks=(0,), trials=1, real_trials=1, keyframes_per_task=1,
+              max_chunk=0, seed=0, workers=1, device="cpu", bf16=False)
+    plain = runs[0.0] / "model_pair"
+    with pytest.raises(ConfigError, match="--action-dropout 0.1"):
+        ranking.rank_policies(specs, pair=plain, manifest=runs[0.0] / "manifest.json", out_dir=tmp_path / "no",
+                              guidance=(1.0, 2.0), **kw)
+    assert not (tmp_path / "no").exists()  # refused before the real simulator ran
+    result = ranking.rank_policies(specs, pair=runs[0.1] / "model_pair", manifest=runs[0.1] / "manifest.json",
+                                   out_dir=tmp_path / "yes", guidance=(1.0, 2.0), **kw)
+    assert result["guidance"] == 1.0 and set(result["spearman_by_guidance"]) == {"1.0", "2.0"}
+    for row in result["policies"]:
+        assert set(row["imagined_by_guidance"]) == {"1.0", "2.0"}
+        assert row["imagined"] == row["imagined_by_guidance"]["1.0"]
+        assert row["imagined_by_guidance"]["2.0"]["rollouts"] == row["imagined"]["rollouts"]
+        assert row["real"]["trials"] == 1  # one real evaluation for both scales
+    single = ranking.rank_policies(specs, pair=plain, manifest=runs[0.0] / "manifest.json", out_dir=tmp_path / "one",
+                                   **kw)
+    assert single["guidance"] == 1.0 and "spearman_by_guidance" not in single
+    assert all("imagined_by_guidance" not in r for r in single["policies"])

@@ -32,9 +32,10 @@ def sft_run(tmp_path_factory) -> Path:
 
 
 def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode: str = "train",
-             reward_views: tuple[str, ...] = ("main", "wrist")) -> Path:
+             reward_views: tuple[str, ...] = ("main", "wrist"), action_dropout: float = 0.0) -> Path:
     """RUN/manifest.json over synthetic 64 px trajectories, untrained tiny world models and a
-    reward model reading ``reward_views``, the update's selection, then the real ``package_pair``."""
+    reward model reading ``reward_views``, the update's selection, then the real ``package_pair``
+    (``action_dropout`` > 0: world models with null actions, that action guidance can use)."""
     from wmrl.data.manifest import build_manifest
     from wmrl.layout import RunLayout
     from wmrl.release.pair import package_pair
@@ -53,7 +54,7 @@ def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode:
     sel = {}
     torch.manual_seed(0)
     for view in ("main", "wrist"):
-        m = FrameWorldModel(TINY.wm.model(view))
+        m = FrameWorldModel(override(TINY.wm.model(view), action_dropout=action_dropout))
         m.set_proprio_stats({"mean": torch.zeros(8), "std": torch.ones(8)})
         path = m.save_pretrained(layout.wm_view(view) / "global_step_1", meta={"step": 1})
         sel[view] = {"view": view, "step": 1, "reason": "target", "weights": str(path)}

@@ -227,9 +227,13 @@ def control_false_alarms(pair: Path, manifest: Path, *, trials: int = 4, keyfram
 
 def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
                   real_trials: int, keyframes_per_task: int, max_chunk: int, seed: int, workers: int, out_dir: Path,
-                  device: str = "auto", bf16: bool = True, progress: bool = False, traces: bool = False) -> dict:
+                  device: str = "auto", bf16: bool = True, progress: bool = False, traces: bool = False,
+                  guidance: tuple[float, ...] = ()) -> dict:
     """Imagined and real success of every policy, their rank correlation and costs (``traces``:
-    see ``imagined_success``; the imagined seconds then count the rollouts run to the end)."""
+    see ``imagined_success``; the imagined seconds then count the rollouts run to the end).
+    ``guidance``: imagine at each of these action-guidance scales (a pair trained with action
+    dropout; the first is the headline "imagined", all under "imagined_by_guidance" with their own
+    Spearman): one real evaluation per policy serves every scale. Empty: the pair's own scale."""
     from wmrl.config import EvalConfig
     from wmrl.device import pick_device
     from wmrl.evaluation.harness import evaluate
@@ -245,6 +249,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                                             max_chunks=sim.max_steps // sim.chunk_size, tasks=tasks,
                                             max_chunk=max_chunk, keyframes_per_task=keyframes_per_task, seed=seed,
                                             device=dev, bf16=bf16)
+    scales = set_guidance(env, guidance)
     pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
     rows = []
     try:
@@ -254,7 +259,12 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
             else:
                 runner = PolicyRunner(spec.checkpoint, device=str(dev), sampler=spec.sampler,
                                       temperature=spec.temperature, seed=seed)
-            imagined = imagined_success(env, runner, trials, traces=traces)
+            by_scale = {}
+            for w in scales:
+                for model in env.world.models.values():
+                    model.guidance = w
+                by_scale[w] = imagined_success(env, runner, trials, traces=traces)
+            imagined = by_scale[scales[0]]
             t0 = time.perf_counter()
             cfg = EvalConfig(tasks=tasks, trials=real_trials, workers=pool.num_workers, seed=seed)
             real = evaluate(runner, sim=sim, cfg=cfg, out_dir=out_dir / _slug(spec.name), policy_id=runner.policy_id,
@@ -263,6 +273,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                          "policy_id": runner.policy_id,
                          "model_sha256": sha256_file(spec.checkpoint / "model.safetensors") if spec.checkpoint else None,
                          "imagined": imagined,
+                         **({"imagined_by_guidance": {str(w): x for w, x in by_scale.items()}} if len(scales) > 1 else {}),
                          "real": {"success_rate": real["success_rate"], "successes": real["successes"],
                                   "trials": real["trials"], "seconds": round(time.perf_counter() - t0, 2)}})
             print(f"[wm-rank] {spec.name}: imagined {100 * imagined['success_rate']:.1f}% "
@@ -270,15 +281,38 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                   f"{100 * real['success_rate']:.1f}% ({real['trials']} episodes)", flush=True)
     finally:
         pool.close()
-    rho = spearman([r["imagined"]["success_rate"] for r in rows], [r["real"]["success_rate"] for r in rows])
-    imag_s = sum(r["imagined"]["seconds"] for r in rows)
+    real_rates = [r["real"]["success_rate"] for r in rows]
+    rho = spearman([r["imagined"]["success_rate"] for r in rows], real_rates)
+    by_guidance = {}
+    if len(scales) > 1:
+        for w in map(str, scales):
+            rho_w = spearman([r["imagined_by_guidance"][w]["success_rate"] for r in rows], real_rates)
+            by_guidance[w] = None if rho_w is None else round(rho_w, 4)
+    imag_s = sum(x["seconds"] for r in rows for x in r.get("imagined_by_guidance", {"": r["imagined"]}).values())
     real_s = sum(r["real"]["seconds"] for r in rows)
     return {"pair": str(pair), "manifest": str(manifest), "keyframes": keyframes,
             "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
             "policies": rows, "spearman": None if rho is None else round(rho, 4),
+            "guidance": scales[0], **({"spearman_by_guidance": by_guidance} if by_guidance else {}),
             "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),
                      "real_over_imagined": round(real_s / max(imag_s, 1e-9), 2),
                      "device": str(dev), "simulator_workers": pool.num_workers}}
+
+
+def set_guidance(env, guidance: tuple[float, ...]) -> list[float]:
+    """The action-guidance scales to imagine at, checked against the pair's world models: a scale
+    other than 1 needs models trained with action dropout (their learned null actions)."""
+    models = env.world.models
+    if not guidance:
+        return [models["main"].guidance]
+    if any(w < 0 for w in guidance) or len(set(guidance)) != len(guidance):
+        raise ConfigError(f"--guidance {','.join(map(str, guidance))}: distinct scales >= 0 (1: no guidance)")
+    unguided = [v for v, m in models.items() if m.cfg.action_dropout == 0]
+    if unguided and any(w != 1 for w in guidance):
+        raise ConfigError(f"--guidance {','.join(map(str, guidance))}: the {' and '.join(unguided)} world model was "
+                          "trained without action dropout (no null actions to guide against); retrain with "
+                          "wm_update.py --action-dropout 0.1 or rank at --guidance 1")
+    return list(guidance)
 
 
 def _slug(name: str) -> str:
