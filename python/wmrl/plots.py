@@ -185,8 +185,9 @@ def success_curve(points: list[tuple[int, float, int]], out: str | os.PathLike, 
 
 
 def ranking_scatter(ranking: dict, out: str | os.PathLike) -> Path | None:
-    """Imagined against real success, one labelled point per policy, the diagonal and Spearman's
-    rho in the title (``wmrl.evaluation.ranking``'s result)."""
+    """Imagined against real success, one labelled point per policy (policies on the same point
+    share one label), one series per action-guidance scale where several were imagined, the
+    diagonal and Spearman's rho in the title (``wmrl.evaluation.ranking``'s result)."""
     rows = ranking.get("policies") or []
     if not rows:
         return None
@@ -195,11 +196,20 @@ def ranking_scatter(ranking: dict, out: str | os.PathLike) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(4.5, 4.2))
     real = [100 * r["real"]["success_rate"] for r in rows]
-    imag = [100 * r["imagined"]["success_rate"] for r in rows]
     ax.plot([0, 100], [0, 100], ":", color="grey")
-    ax.scatter(real, imag)
-    for r, x, y in zip(rows, real, imag):
-        ax.annotate(r["name"], (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    scales = list(rows[0].get("imagined_by_guidance") or {})
+    rhos = ranking.get("spearman_by_guidance") or {}
+    for i, w in enumerate(scales or [None]):
+        imag = [100 * (r["imagined_by_guidance"][w] if w else r["imagined"])["success_rate"] for r in rows]
+        ax.scatter(real, imag, label=f"guidance {w}: Spearman {rhos.get(w)}" if w else None)
+        if i == 0:  # the headline's points carry the names
+            labels: dict[tuple[float, float], list[str]] = {}
+            for r, x, y in zip(rows, real, imag):
+                labels.setdefault((x, y), []).append(r["name"])
+            for (x, y), names in labels.items():
+                ax.annotate(", ".join(names), (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    if scales:
+        ax.legend(fontsize=7, loc="upper left")
     rho = ranking.get("spearman")
     ax.set_title(f"policy ranking: Spearman {'n/a' if rho is None else f'{rho:.2f}'}", fontsize=9)
     ax.set_xlabel("real success (%), fixed initial states")
