@@ -27,3 +27,22 @@ def test_success_by_task_bars(tmp_path):
     with Image.open(png) as im:
         assert im.format == "PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["s.png"]  # written atomically, no leftovers
+
+
+def test_ranking_scatter_with_and_without_guidance_scales(tmp_path):
+    """One series per guidance scale where several were imagined; the same plot without them."""
+    from wmrl.plots import ranking_scatter
+
+    def row(name, real, *imagined):
+        r = {"name": name, "real": {"success_rate": real}, "imagined": {"success_rate": imagined[0]}}
+        if len(imagined) > 1:
+            r["imagined_by_guidance"] = {str(w): {"success_rate": x} for w, x in zip((1.0, 2.0), imagined)}
+        return r
+
+    guided = {"policies": [row("a", 0.6, 0.4, 0.15), row("hold", 0.0, 0.0, 0.0), row("random", 0.0, 0.0, 0.01)],
+              "spearman": 1.0, "spearman_by_guidance": {"1.0": 1.0, "2.0": 0.87}}
+    plain = {"policies": [row("a", 0.6, 0.4), row("b", 0.1, 0.2)], "spearman": 1.0}
+    for name, ranking in (("guided", guided), ("plain", plain)):
+        with Image.open(ranking_scatter(ranking, tmp_path / f"{name}.png")) as im:
+            assert im.format == "PNG"
+    assert ranking_scatter({"policies": []}, tmp_path / "none.png") is None
