@@ -55,7 +55,7 @@ help:
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
 	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
-	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS)"
+	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS EXTRA_TEMPERATURES)"
 	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
 	@echo "make release    RUN as a bundle with every file's SHA-256 (OUT, DATA=0); make restore BUNDLE=dir: verify, relocate"
 	@echo "make speedrun   one GPU from nothing: demos -> SFT -> one cycle -> report (RUN=runs/speedrun, DRY_RUN=1)"
@@ -128,7 +128,8 @@ sft: setup
 # The current policy in the real simulator, success and failure kept (the cycle's collection).
 collect: setup
 	$(TRAIN_PY) python/collect.py $(COMMON) --run $(RUN) $(call opt,--ckpt,$(CKPT)) $(call opt,--episodes,$(EPISODES)) \
-		$(call opt,--out,$(OUT)) $(call opt,--frame-interval,$(FRAME_INTERVAL))
+		$(call opt,--out,$(OUT)) $(call opt,--frame-interval,$(FRAME_INTERVAL)) \
+		$(if $(filter undefined,$(origin EXTRA_TEMPERATURES)),,--extra-temperatures "$(EXTRA_TEMPERATURES)")
 
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
 # PAIR=dir (a model pair for ENV=wm; default RUN/model_pair), FROM=run (take step 0 from that

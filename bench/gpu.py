@@ -319,7 +319,8 @@ def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
         out = layout.root / ("collect_" + "".join(c if c.isalnum() else "_" for c in spec))
         new.append(str(out))
         if not layout.manifest.exists():  # collect.py continues each task's file where it stopped
-            stage(f"collect_{i}", "collect.py", ["--run", run, "--ckpt", ckpt, *sampler, "--out", out, "--seed", str(i + 1),
+            stage(f"collect_{i}", "collect.py", ["--run", run, "--ckpt", ckpt, *sampler, "--extra-temperatures", "",
+                                                 "--out", out, "--seed", str(i + 1),
                                                  "--episodes", v.get("COLLECT_EPISODES", episodes), "--workers", workers,
                                                  "--frame-interval", interval, "--no-progress"], env)
     if not layout.manifest.exists():

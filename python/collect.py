@@ -1,6 +1,6 @@
 """Collect real trajectories with the current policy: success and failure kept.
 
-    python python/collect.py --run runs/a                        # the newest policy -> RUN/collect/task_XX.hdf5
+    python python/collect.py --run runs/a                        # the newest policy -> RUN/collect/T1/, T3/task_XX.hdf5
     python python/collect.py --run runs/a --ckpt sft/4000 --episodes 20 --tasks 0-4
     make collect RUN=runs/a [CKPT=60] [EPISODES=50] [TASKS=...]
 
@@ -8,8 +8,10 @@ The cycle's first stage (seed 000: 10 tasks x 50 episodes, at most 240 steps, ch
 cameras, actions, simulator state and proprio at the same frame index). Episodes start from
 seeded random placements (mode=train), never from the fixed evaluation states; the policy
 samples with the flow-SDE at temperature 1 (``collect.sampler``/``temperature``), so the data
-shows its mistakes. Frames are stored at chunk boundaries, what the world models train on, or
-every ``--frame-interval`` steps as well (every phase of the episode for the world models).
+shows its mistakes, and shares the episodes with temperature 3 (``--extra-temperatures``, each
+temperature in OUT/T<t>/; '' for none), whose worse mistakes teach the world models what wrong
+actions do. Frames are stored every step (``--frame-interval 1``: every phase of the episode for
+the world models) or at chunk boundaries only (``--frame-interval 0``, 8x smaller files).
 A rerun continues each task's file where it stopped.
 """
 
@@ -46,32 +48,46 @@ def build(argv: list[str] | None = None):
     return args, collect, sim, info, out
 
 
+def temperature_dirs(collect: CollectConfig, out: Path) -> dict[float, Path]:
+    """Where each temperature's episodes go: OUT itself for one temperature, OUT/T<t>/ for several."""
+    temps = collect.temperatures
+    return {t: out if len(temps) == 1 else out / f"T{t:g}" for t in temps}
+
+
 def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
     from wmrl.sim.demos import collect_demos, task_file
 
+    dirs, counts = temperature_dirs(collect, out), collect.episodes_at()
     if args.dry_run:
         cli.print_plan("collect with the policy", {
             "policy": str(info.path), "ref": info.ref, "tasks": collect.tasks, "episodes_per_task": collect.episodes,
             "reset": "seeded random placement (mode=train)", "sampler": collect.sampler,
-            "temperature": collect.temperature, "kept": "success and failure",
+            "temperatures": {f"{t:g}": f"{counts[t]} episodes per task -> {d}" for t, d in dirs.items()},
+            "kept": "success and failure",
             "frames": f"every {collect.frame_interval} steps" if collect.frame_interval else "chunk boundaries",
-            "files": [str(task_file(out, t)) for t in collect.tasks], "sim": sim})
+            "files": [str(task_file(d, t)) for d in dirs.values() for t in collect.tasks], "sim": sim})
         return 0
     from wmrl.policy.runner import PolicyRunner
-
-    runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=collect.temperature, seed=collect.seed)
-    # the demonstrations' machinery with every episode kept
-    cfg = DemoConfig(tasks=collect.tasks, episodes=collect.episodes, workers=collect.workers, seed=collect.seed,
-                     frame_interval=collect.frame_interval, post_success_steps=collect.post_success_steps)
     from wmrl.procs import exclusive
 
+    kept = wins = 0
     with exclusive(out, "make collect"):
-        summary = collect_demos(cfg, sim, out, overwrite=args.overwrite, progress=not args.no_progress, policy=runner)
-    kept = sum(v["kept"] for v in summary["tasks"].values())
-    wins = kept - sum(v["failures"] for v in summary["tasks"].values())
-    summary["policy"] = {"ref": info.ref, "path": str(info.path), "policy_id": runner.policy_id}
-    print(json.dumps(summary, indent=2))
-    print(f"[collect] {kept} episodes ({wins} successful) in {out}")
+        for temperature, folder in dirs.items():
+            runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=temperature, seed=collect.seed)
+            # the demonstrations' machinery with every episode kept; the same placements at each temperature
+            cfg = DemoConfig(tasks=collect.tasks, episodes=counts[temperature], workers=collect.workers,
+                             seed=collect.seed, frame_interval=collect.frame_interval,
+                             post_success_steps=collect.post_success_steps)
+            summary = collect_demos(cfg, sim, folder, overwrite=args.overwrite, progress=not args.no_progress,
+                                    policy=runner)
+            n = sum(v["kept"] for v in summary["tasks"].values())
+            w = n - sum(v["failures"] for v in summary["tasks"].values())
+            kept, wins = kept + n, wins + w
+            summary["policy"] = {"ref": info.ref, "path": str(info.path), "policy_id": runner.policy_id}
+            print(json.dumps(summary, indent=2))
+            print(f"[collect] {n} episodes ({w} successful) at temperature {temperature:g} in {folder}", flush=True)
+    if len(dirs) > 1:
+        print(f"[collect] {kept} episodes ({wins} successful) in {out}")
     return 0
 
 

@@ -33,6 +33,6 @@ def test_overrides_are_validated():
 def test_collection_frame_interval_is_validated():
     from wmrl.config import CollectConfig
 
-    assert CollectConfig().frame_interval == 0 and override(CollectConfig(), frame_interval=1).frame_interval == 1
+    assert CollectConfig().frame_interval == 1 and override(CollectConfig(), frame_interval=0).frame_interval == 0
     with pytest.raises(ConfigError, match="chunk boundaries only"):
         CollectConfig(frame_interval=-1)

@@ -120,8 +120,8 @@ def add_config_flags(p: argparse.ArgumentParser | Any, cls, *, prefix: str = "",
             g.add_argument(flag, dest=dest, type=_SCALARS[kind], default=None, help=help_)
         elif kind.startswith("tuple[int") or kind.startswith("tuple[float"):
             num = int if kind.startswith("tuple[int") else float
-            g.add_argument(flag, dest=dest, type=lambda s, num=num: tuple(num(x) for x in s.split(",")), default=None,
-                           metavar="A,B,...", help=help_)
+            g.add_argument(flag, dest=dest, type=lambda s, num=num: tuple(num(x) for x in s.split(",") if x.strip()),
+                           default=None, metavar="A,B,...", help=help_ + " ('' for none)")
 
 
 def config_from_flags(args: argparse.Namespace, cfg, *, prefix: str = "", skip: tuple[str, ...] = ()):

@@ -288,10 +288,15 @@ class CollectConfig:
     seed: int = 1  # reset seeds are seed * 1e6 + task * 1e4 + attempt (demonstrations use 0); a cycle adds its number
     sampler: str = "sde"  # the policy's stochastic sampler shows the mistakes GRPO must see
     temperature: float = 1.0  # the SDE temperature while collecting (training rollouts use 1)
+    # The episodes shared with these temperatures too, each in OUT/T<t>/ (the same placements at
+    # every temperature). A hot policy's own mistakes teach the world models what wrong actions
+    # do: on the H200, world models trained on the policy at T = 1 and T = 3 ranked five policies
+    # as the simulator did (Spearman 1.0), noisy-expert data did not (-0.5 among three; RESULTS.md)
+    extra_temperatures: tuple[float, ...] = (3.0,)
     # Frames every N steps besides the chunk boundaries (0: boundaries only, the cheapest files).
     # 1 gives the world models every chunk-boundary phase of the policy's own episodes too
-    # (WMTrainConfig.all_phases: 8x their transitions) for 8x the images on disk
-    frame_interval: int = 0
+    # (WMTrainConfig.all_phases: 8x their transitions) for 8x the images on disk, as measured
+    frame_interval: int = 1
     post_success_steps: int = 0  # as DemoConfig's: steps recorded after the first success
 
     def __post_init__(self) -> None:
@@ -310,6 +315,25 @@ class CollectConfig:
             raise ConfigError(f"collect.sampler={self.sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
         if not 0.0 < self.temperature <= 10.0:
             raise ConfigError(f"collect.temperature={self.temperature}: use a value in (0, 10]")
+        temps = self.temperatures
+        if not all(0.0 < t <= 10.0 for t in temps) or len(set(temps)) != len(temps):
+            raise ConfigError(f"collect.extra_temperatures={self.extra_temperatures}: distinct values in (0, 10], none "
+                              f"equal to collect.temperature={self.temperature} (--extra-temperatures 3; '' for none)")
+        if self.extra_temperatures and self.sampler != "sde":
+            raise ConfigError("collect.extra_temperatures needs the flow-SDE sampler (the ODE has no temperature): "
+                              "--sampler sde, or no extra temperatures")
+        if self.episodes < len(temps):
+            raise ConfigError(f"collect.episodes={self.episodes} is shared by {len(temps)} temperatures: give at least "
+                              f"{len(temps)} per task")
+
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        return (self.temperature, *self.extra_temperatures)
+
+    def episodes_at(self) -> dict[float, int]:
+        """Episodes per task at each temperature: ``episodes`` shared, the first takes the rest."""
+        n, k = divmod(self.episodes, len(self.temperatures))
+        return {t: n + (k if i == 0 else 0) for i, t in enumerate(self.temperatures)}
 
 
 @dataclass(frozen=True)
@@ -869,7 +893,7 @@ _PROFILES: dict[str, Profile] = {
         sim=SimConfig(image_size=64),
         eval=EvalConfig(tasks=(0, 1), trials=2, videos=0),
         demos=DemoConfig(tasks=(0,), episodes=2, frame_interval=0),
-        collect=CollectConfig(tasks=(0,), episodes=2),
+        collect=CollectConfig(tasks=(0,), episodes=2, extra_temperatures=(), frame_interval=0),
         policy=PolicyConfig(channels=(8, 16), grid=2, width=32, heads=2, encoder_layers=1, expert_layers=1,
                             mlp_ratio=2, denoise_steps=4),
         sft=SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup=2, ema=0.9, save_interval=10, full_interval=10,
@@ -900,7 +924,7 @@ _PROFILES: dict[str, Profile] = {
     "speedrun": Profile(
         name="speedrun",
         demos=DemoConfig(episodes=30),
-        collect=CollectConfig(episodes=20),
+        collect=CollectConfig(episodes=20, extra_temperatures=(), frame_interval=0),  # as timed
         sft=SFTConfig(steps=3000, warmup=300, save_interval=1000, full_interval=1000),
         # the default batch of 256 (one micro batch); at most 1,500 updates or the cycle's minutes
         wm=WMProfile(train=WMTrainConfig(steps=1500, save_interval=250, eval_interval=250)),

@@ -59,7 +59,8 @@ def _globs(data: bool) -> list[str]:
             rel(r.latest_policy), rel(r.manifest), f"{rel(r.model_pair)}/**/*"]
     keep += [f"{rel(c.model_pair)}/**/*", rel(c.manifest), rel(c.selection)]  # every cycle's pair, manifest, selection
     if data:
-        keep += [f"{rel(r.demos)}/*.hdf5", f"{rel(r.collect)}/*.hdf5", f"{rel(c.collect)}/*.hdf5"]
+        # a collection at several temperatures keeps each in a folder of its own (collect/T3/...)
+        keep += [f"{rel(r.demos)}/*.hdf5", f"{rel(r.collect)}/**/*.hdf5", f"{rel(c.collect)}/**/*.hdf5"]
     return keep
 
 
