@@ -30,6 +30,9 @@ returns only a few files).
                                REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
                                COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
                                data, after unpack: unpack+wm; EPISODES=0: no demonstrations)]
+    python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run12.tar.xz RUN=runs/h200 EPISODES=24
+                               MAX_MINUTES=6 GRPO_STEPS=20 [CYCLE_ARGS=...]   (make cycle from a carried policy: collect,
+                               world models, reward, pair, GRPO in the pair, the 10 x 50 before and after)
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
                                VIEW=main|wrist|main,wrist BATCH=64[,256] LR=2e-4[,4e-4] WM_DEMO_ARGS=...
                                SEEDS=0,1 EMA=0.999 FINAL_STEPS=8,16 PHASES=0,1 SELF_CONTEXT=0,0.25 SCHEDULE=cosine]
@@ -459,6 +462,22 @@ def phase_speedrun(v: dict, env: dict) -> None:
     pack(Path(run), "speedrun")
 
 
+def phase_cycle(v: dict, env: dict) -> None:
+    """``make cycle`` from RUN's supervised policy (a carried one: unpack+cycle): the policy's own
+    episodes (EPISODES per task, shared between temperatures 1 and 3) -> both world models
+    (MAX_MINUTES) -> reward -> pair -> GRPO in the pair (GRPO_STEPS) between the 10 x 50
+    evaluations before and after; CYCLE_ARGS: any other cycle.py option. The cycle's record in
+    RUN/cycle.json, its report in RUN/report.html."""
+    run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
+    stage("cycle", "cycle.py", ["--run", run, "--cycles", v.get("CYCLES", "1"), "--workers", w, "--train-py", PY,
+                                "--wm-py", WM_PY, *(["--gpus", v["GPUS"]] if "GPUS" in v else []),
+                                *(["--episodes", v["EPISODES"]] if "EPISODES" in v else []),
+                                *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []),
+                                *(["--grpo-steps", v["GRPO_STEPS"]] if "GRPO_STEPS" in v else []),
+                                *shlex.split(v.get("CYCLE_ARGS", ""))], env)
+    pack(Path(run), "cycle")
+
+
 def phase_bimanual(v: dict, env: dict) -> None:
     run, bundle = v.get("RUN", "runs/h200"), v.get("BUNDLE", ".offline/aloha_bundle")
     i0, i1 = v.get("ITERS0", "2000"), v.get("ITERS1", "1000")
@@ -494,7 +513,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
           "rank": phase_rank, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
-          "distill": phase_distill, "signal": phase_signal,
+          "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
           "bimanual": phase_bimanual}
 
 
