@@ -62,7 +62,8 @@ def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
         cli.print_plan("collect with the policy", {
             "policy": str(info.path), "ref": info.ref, "tasks": collect.tasks, "episodes_per_task": collect.episodes,
             "reset": "seeded random placement (mode=train)", "sampler": collect.sampler,
-            "temperatures": {f"{t:g}": f"{counts[t]} episodes per task -> {d}" for t, d in dirs.items()},
+            "temperatures": {f"{t:g}": f"{counts[t]} episodes per task, reset seeds from {collect.seed_at(t)} -> {d}"
+                             for t, d in dirs.items()},
             "kept": "success and failure",
             "frames": f"every {collect.frame_interval} steps" if collect.frame_interval else "chunk boundaries",
             "files": [str(task_file(d, t)) for d in dirs.values() for t in collect.tasks], "sim": sim})
@@ -73,10 +74,11 @@ def main(args, collect: CollectConfig, sim, info, out: Path) -> int:
     kept = wins = 0
     with exclusive(out, "make collect"):
         for temperature, folder in dirs.items():
-            runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=temperature, seed=collect.seed)
-            # the demonstrations' machinery with every episode kept; the same placements at each temperature
+            seed = collect.seed_at(temperature)  # placements of its own at each temperature
+            runner = PolicyRunner(info.path, sampler=collect.sampler, temperature=temperature, seed=seed)
+            # the demonstrations' machinery with every episode kept
             cfg = DemoConfig(tasks=collect.tasks, episodes=counts[temperature], workers=collect.workers,
-                             seed=collect.seed, frame_interval=collect.frame_interval,
+                             seed=seed, frame_interval=collect.frame_interval,
                              post_success_steps=collect.post_success_steps)
             summary = collect_demos(cfg, sim, folder, overwrite=args.overwrite, progress=not args.no_progress,
                                     policy=runner)

@@ -31,6 +31,7 @@ PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger position
 VIEWS = ("main", "wrist")  # agentview and eye-in-hand cameras
 BIMANUAL_TASKS = ("transfer_cube", "insertion")  # the scripted ALOHA tasks (wmrl.bimanual.aloha)
 MAX_RESET_BASE_SEED = 4000  # reset seed = base * 1e6 + task * 1e4 + attempt must fit numpy's 32 bits
+TEMPERATURE_SEED_STRIDE = 1000  # a collection's i-th extra temperature resets from seed + 1000 i (cycles add 1, 2, ...)
 RENDERERS = ("auto", "osmesa", "egl", "glfw")
 
 
@@ -288,10 +289,11 @@ class CollectConfig:
     seed: int = 1  # reset seeds are seed * 1e6 + task * 1e4 + attempt (demonstrations use 0); a cycle adds its number
     sampler: str = "sde"  # the policy's stochastic sampler shows the mistakes GRPO must see
     temperature: float = 1.0  # the SDE temperature while collecting (training rollouts use 1)
-    # The episodes shared with these temperatures too, each in OUT/T<t>/ (the same placements at
-    # every temperature). A hot policy's own mistakes teach the world models what wrong actions
-    # do: on the H200, world models trained on the policy at T = 1 and T = 3 ranked five policies
-    # as the simulator did (Spearman 1.0), noisy-expert data did not (-0.5 among three; RESULTS.md)
+    # The episodes shared with these temperatures too, each in OUT/T<t>/ with placements of its own
+    # (the i-th extra temperature's reset seeds from seed + 1000 i: a held-out episode's start never
+    # begins a training episode at another temperature). A hot policy's own mistakes teach the world
+    # models what wrong actions do: on the H200, world models trained on the policy at T = 1 and 3
+    # ranked five policies as the simulator did (Spearman 1.0), noisy-expert data did not (RESULTS.md)
     extra_temperatures: tuple[float, ...] = (3.0,)
     # Frames every N steps besides the chunk boundaries (0: boundaries only, the cheapest files).
     # 1 gives the world models every chunk-boundary phase of the policy's own episodes too
@@ -322,6 +324,10 @@ class CollectConfig:
         if self.extra_temperatures and self.sampler != "sde":
             raise ConfigError("collect.extra_temperatures needs the flow-SDE sampler (the ODE has no temperature): "
                               "--sampler sde, or no extra temperatures")
+        if self.seed + TEMPERATURE_SEED_STRIDE * len(self.extra_temperatures) > MAX_RESET_BASE_SEED:
+            raise ConfigError(f"collect.seed={self.seed} with {len(self.extra_temperatures)} extra temperatures: the last "
+                              f"one's seed {self.seed + TEMPERATURE_SEED_STRIDE * len(self.extra_temperatures)} passes "
+                              f"{MAX_RESET_BASE_SEED}; use a smaller --seed")
         if self.episodes < len(temps):
             raise ConfigError(f"collect.episodes={self.episodes} is shared by {len(temps)} temperatures: give at least "
                               f"{len(temps)} per task")
@@ -329,6 +335,10 @@ class CollectConfig:
     @property
     def temperatures(self) -> tuple[float, ...]:
         return (self.temperature, *self.extra_temperatures)
+
+    def seed_at(self, temperature: float) -> int:
+        """The reset seed base of one temperature's episodes (placements of their own)."""
+        return self.seed + TEMPERATURE_SEED_STRIDE * self.temperatures.index(temperature)
 
     def episodes_at(self) -> dict[float, int]:
         """Episodes per task at each temperature: ``episodes`` shared, the first takes the rest."""

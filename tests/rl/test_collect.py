@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from wmrl.config import ConfigError, get_profile, override
-from wmrl.data.trajectory import count_episodes
+from wmrl.data.trajectory import count_episodes, iter_episodes
 from tests.rl.conftest import sft_run  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,8 @@ def test_episodes_shared_between_temperatures_and_resumed(sft_run, tmp_path):  #
     out = tmp_path / "c"
     assert "at temperature 3 in" in _collect(sft_run, out, "--episodes", "3", "--extra-temperatures", "3")
     assert count_episodes(out / "T1" / "task_00.hdf5") == 2 and count_episodes(out / "T3" / "task_00.hdf5") == 1
+    seeds = {t: [e.attrs["seed"] for e in iter_episodes(out / t / "task_00.hdf5")] for t in ("T1", "T3")}
+    assert seeds["T3"][0] // 1_000_000 == seeds["T1"][0] // 1_000_000 + 1000  # placements of its own
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*.hdf5")}
     _collect(sft_run, out, "--episodes", "3", "--extra-temperatures", "3")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.hdf5")} == before  # done already: nothing rewritten
@@ -39,8 +41,10 @@ def test_episodes_shared_between_temperatures_and_resumed(sft_run, tmp_path):  #
 def test_the_split_and_its_refusals():
     cfg = override(get_profile("default").collect, episodes=5)
     assert cfg.temperatures == (1.0, 3.0) and cfg.episodes_at() == {1.0: 3, 3.0: 2}
+    assert cfg.seed_at(1.0) == cfg.seed and cfg.seed_at(3.0) == cfg.seed + 1000
     for bad, match in ((dict(extra_temperatures=(1.0,)), "distinct"), (dict(extra_temperatures=(11.0,)), "distinct"),
-                       (dict(sampler="ode"), "flow-SDE"), (dict(episodes=1), "at least 2")):
+                       (dict(sampler="ode"), "flow-SDE"), (dict(episodes=1), "at least 2"),
+                       (dict(seed=3500), "smaller --seed")):
         with pytest.raises(ConfigError, match=match):
             override(cfg, **bad)
     assert override(cfg, sampler="ode", extra_temperatures=()).temperatures == (1.0,)
