@@ -23,7 +23,7 @@ from pathlib import Path
 
 from wmrl import cli
 from wmrl.cli import COMMON_FIELDS
-from wmrl.config import CollectConfig, DemoConfig, get_profile, override
+from wmrl.config import CollectConfig, ConfigError, DemoConfig, get_profile, override
 
 
 def build(argv: list[str] | None = None):
@@ -45,7 +45,25 @@ def build(argv: list[str] | None = None):
     image_size = int(ck.read_meta(info.path).get("image_size", 0)) or None
     sim = cli.sim_config(args, override(prof.sim, image_size=image_size))
     out = Path(args.out) if args.out else RunLayout(args.run).collect
+    check_layout(collect, out, overwrite=args.overwrite)
     return args, collect, sim, info, out
+
+
+def check_layout(collect: CollectConfig, out: Path, overwrite: bool) -> None:
+    """One layout per OUT: the manifest reads every .hdf5 below it, so a collection at several
+    temperatures (OUT/T<t>/) beside one at a single temperature (OUT/task_XX.hdf5) would mix them."""
+    if overwrite or not out.is_dir():
+        return
+    flat = sorted(p.name for p in out.glob("task_*.hdf5"))
+    nested = sorted(p.parent.name for p in out.glob("T*/task_*.hdf5"))
+    several = len(collect.temperatures) > 1
+    if several and flat:
+        raise ConfigError(f"{out} holds a collection at one temperature ({flat[0]} ...): continue it with "
+                          "--extra-temperatures '' (EXTRA_TEMPERATURES=), or collect into another OUT")
+    wanted = {p.name for p in temperature_dirs(collect, out).values()} if several else set()
+    if nested and set(nested) - wanted:
+        raise ConfigError(f"{out} holds a collection at temperatures {sorted(set(nested))} (its T<t>/ folders): continue "
+                          f"it with the same --temperature and --extra-temperatures, or collect into another OUT")
 
 
 def temperature_dirs(collect: CollectConfig, out: Path) -> dict[float, Path]:

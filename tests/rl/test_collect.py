@@ -36,6 +36,12 @@ def test_episodes_shared_between_temperatures_and_resumed(sft_run, tmp_path):  #
     single = tmp_path / "one"
     _collect(sft_run, single, "--episodes", "1", "--extra-temperatures", "")
     assert [p.relative_to(single).as_posix() for p in single.rglob("*.hdf5")] == ["task_00.hdf5"]
+    for folder, flags in ((single, ("--extra-temperatures", "3")), (out, ("--extra-temperatures", "")),
+                          (out, ("--extra-temperatures", "5"))):  # one layout per OUT: never mixed
+        r = subprocess.run([sys.executable, "python/collect.py", "--run", str(sft_run), "--profile", "tiny", "--ckpt",
+                            "sft/10", "--out", str(folder), "--episodes", "3", *flags, "--dry-run"],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 2 and "another OUT" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_split_and_its_refusals():
