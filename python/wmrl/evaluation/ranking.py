@@ -249,7 +249,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                                             max_chunks=sim.max_steps // sim.chunk_size, tasks=tasks,
                                             max_chunk=max_chunk, keyframes_per_task=keyframes_per_task, seed=seed,
                                             device=dev, bf16=bf16)
-    scales = set_guidance(env, guidance)
+    scales = guidance_scales(env, guidance)
     pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
     rows = []
     try:
@@ -299,7 +299,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                      "device": str(dev), "simulator_workers": pool.num_workers}}
 
 
-def set_guidance(env, guidance: tuple[float, ...]) -> list[float]:
+def guidance_scales(env, guidance: tuple[float, ...]) -> list[float]:
     """The action-guidance scales to imagine at, checked against the pair's world models: a scale
     other than 1 needs models trained with action dropout (their learned null actions)."""
     models = env.world.models
