@@ -300,18 +300,23 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
 
 
 def guidance_scales(env, guidance: tuple[float, ...]) -> list[float]:
-    """The action-guidance scales to imagine at, checked against the pair's world models: a scale
-    other than 1 needs models trained with action dropout (their learned null actions)."""
+    """The action-guidance scales to imagine at, checked against the pair's world models by their
+    own config's rule (a scale other than 1 needs models trained with action dropout)."""
+    from wmrl.config import override
+
     models = env.world.models
     if not guidance:
         return [models["main"].guidance]
-    if any(w < 0 for w in guidance) or len(set(guidance)) != len(guidance):
-        raise ConfigError(f"--guidance {','.join(map(str, guidance))}: distinct scales >= 0 (1: no guidance)")
-    unguided = [v for v, m in models.items() if m.cfg.action_dropout == 0]
-    if unguided and any(w != 1 for w in guidance):
-        raise ConfigError(f"--guidance {','.join(map(str, guidance))}: the {' and '.join(unguided)} world model was "
-                          "trained without action dropout (no null actions to guide against); retrain with "
-                          "wm_update.py --action-dropout 0.1 or rank at --guidance 1")
+    text = ",".join(map(str, guidance))
+    if len(set(guidance)) != len(guidance):
+        raise ConfigError(f"--guidance {text}: distinct scales (1: no guidance)")
+    for view, model in models.items():
+        for w in guidance:
+            try:
+                override(model.cfg, action_guidance=w)
+            except ConfigError as e:
+                raise ConfigError(f"--guidance {text}: the {view} world model: {e}; retrain with wm_update.py "
+                                  "--action-dropout 0.1 or rank at --guidance 1") from None
     return list(guidance)
 
 
