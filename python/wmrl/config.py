@@ -754,8 +754,10 @@ class GRPOConfig:
     loss_agg: str = "sequence"
     # Log whether a step of this many rollouts carries a direction or mostly noise: every group's
     # policy gradient before the update gives the squared signal, one group's noise and the cosine
-    # between the even and odd groups (``grpo.gradient_agreement``; one more forward and backward pass).
-    grad_agreement: bool = True
+    # between the even and odd groups (``grpo.gradient_agreement``). It costs one more forward and
+    # backward pass over the step's chunks (a third of the update on the H200), so it runs at the
+    # first step and then every N steps (0: never, 1: every step).
+    grad_agreement_interval: int = 5
     target_kl: float = 0.02  # stop a step's update once the approximate KL per element passes this (0: never)
     epochs: int = 1  # passes over each step's rollouts
     minibatches: int = 16  # optimizer steps per pass (the chunks split evenly; ~750 chunks each at 512 rollouts)
@@ -818,6 +820,9 @@ class GRPOConfig:
                               "(sequence | token)")
         if self.eval_interval < 1 or self.full_interval < 1:
             raise ConfigError("grpo: eval_interval and full_interval must be >= 1")
+        if self.grad_agreement_interval < 0:
+            raise ConfigError(f"grpo.grad_agreement_interval={self.grad_agreement_interval}: 0 (never), 1 (every "
+                              "step) or N (the first step and every N-th after it)")
         if self.full_interval % self.eval_interval:
             raise ConfigError(f"grpo.full_interval={self.full_interval} must be a multiple of "
                               f"eval_interval={self.eval_interval} (a full state is also a policy checkpoint)")

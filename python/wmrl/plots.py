@@ -141,8 +141,9 @@ def grpo_curves(log_jsonl: str | os.PathLike, out: str | os.PathLike,
                                         ("grad_cos_halves", "gradient cosine, even vs odd groups")), "signal"),
                              (axes[3], (("rollout_s", "rollouts"), ("update_s", "update")), "seconds per step")):
         for key, label in lines:
-            if any(key in r for r in recs):  # runs logged before a figure existed leave it out
-                ax.plot(steps, [r.get(key, float("nan")) for r in recs], label=label)
+            pts = [(s, r[key]) for s, r in zip(steps, recs) if key in r]  # runs logged before it existed: none
+            if pts:  # a figure logged every few steps (the gradient cosine) is drawn through its points
+                ax.plot(*zip(*pts), marker="." if len(pts) < len(recs) else None, label=label)
         ax.set_title(title, fontsize=9)
     joins = [r["step"] for r in recs if r.get("moments_restarted")]
     for ax in axes:

@@ -328,7 +328,7 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     n_mb = min(cfg.minibatches, len(keep))
     sums: dict[str, float] = {}
     model.train()
-    if cfg.grad_agreement:
+    if measures_agreement(cfg, step):
         stats.update(gradient_agreement(model, batch, sample_adv, weights, keep, n_mb, cfg, norm=norm, lang=lang,
                                         autocast=autocast))
     for _ in range(cfg.epochs):
@@ -367,6 +367,12 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
         stats["approx_kl_final"] = final_kl(model, norm, lang, batch, keep, n_mb, cfg, autocast)
         stats["lr_next"] = adapt_lr(opt, stats["approx_kl_final"], cfg)
     return stats
+
+
+def measures_agreement(cfg: GRPOConfig, step: int) -> bool:
+    """Steps 1, 1 + N, 1 + 2N, ... (steps count from 1) measure the gradient agreement."""
+    n = cfg.grad_agreement_interval
+    return n > 0 and (step - 1) % n == 0
 
 
 def group_gradients(model, batch: dict, sample_adv: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor,
