@@ -40,15 +40,71 @@ for p in "${targets[@]}"; do
   fi
 done
 
-status=0; failed=()
+# Groups run side by side, TEST_JOBS at a time (default: one per CPU core): a group alone keeps
+# about one core busy (simulator workers wait on the policy, pytest waits on subprocesses), so
+# two at once on two cores take about half the wall time. Each group's output is printed whole
+# when it ends; the slowest groups start first so that the short ones fill in behind them.
+jobs="${TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "error: TEST_JOBS must be a whole number >= 1 (got '$jobs')"; exit 2; }
+[ "$jobs" -le ${#groups[@]} ] || jobs=${#groups[@]}
+# Torch's own threads: one share of the cores per group, so that groups side by side do not
+# oversubscribe them (an explicit OMP_NUM_THREADS is kept).
+threads=$(( $(nproc 2>/dev/null || echo 1) / jobs )); [ "$threads" -ge 1 ] || threads=1
+slow_first=(tests/rl tests/worldmodel tests/sim tests/evaluation tests/offline tests/containers tests/policy)
+ordered=()
+for s in "${slow_first[@]}"; do for g in "${groups[@]}"; do [ "$g" = "$s" ] && ordered+=("$g"); done; done
 for g in "${groups[@]}"; do
+  known=0; for s in "${slow_first[@]}"; do [ "$g" = "$s" ] && known=1; done
+  [ $known = 1 ] || ordered+=("$g")
+done
+
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"; kill $(jobs -p) 2>/dev/null' EXIT
+declare -A name_of=() start_of=()
+status=0; failed=(); running=0; n=0; started=$SECONDS
+
+pending=()  # pids still running, oldest first
+finish_one() {  # wait for a group to end, print its output, record its result
+  local pid rc rest=() p
+  if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
+    wait -n -p pid "${pending[@]}"; rc=$?  # whichever ends first
+  else
+    pid="${pending[0]}"; wait "$pid"; rc=$?  # bash < 5.1: oldest first
+  fi
+  for p in "${pending[@]}"; do [ "$p" = "$pid" ] || rest+=("$p"); done
+  pending=(${rest[@]+"${rest[@]}"}); running=$((running - 1))
+  cat "$logs/$pid.log"
+  echo "   (${name_of[$pid]}: $(( $(date +%s) - start_of[$pid] )) s)"
+  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${name_of[$pid]}"); fi  # 5: nothing collected
+}
+
+if [ "$jobs" -eq 1 ]; then  # one at a time: stream each group's output as it runs
+  for g in "${ordered[@]}"; do
+    # shellcheck disable=SC2206
+    paths=($g)
+    if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; else py=.venv/train/bin/python; fi
+    echo "== $( is_wm "${paths[0]}" && echo wm || echo train ): ${paths[*]}"
+    "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${paths[*]}"); fi  # 5: nothing collected
+  done
+  ordered=()
+fi
+for g in "${ordered[@]}"; do
+  [ $running -lt "$jobs" ] || finish_one
   # shellcheck disable=SC2206
   paths=($g)
   if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; env=wm; else py=.venv/train/bin/python; env=train; fi
-  echo "== $env: ${paths[*]}"
-  "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
-  rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${paths[*]}"); fi  # 5: nothing collected
+  [ "$jobs" -gt 1 ] && echo "-- started $env: ${paths[*]}"
+  n=$((n + 1))
+  (
+    echo "== $env: ${paths[*]}"
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" exec "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
+  ) > "$logs/$n.log" 2>&1 &
+  pid=$!; ln -s "$n.log" "$logs/$pid.log"
+  name_of[$pid]="${paths[*]}"; start_of[$pid]=$(date +%s); pending+=("$pid"); running=$((running + 1))
 done
+while [ $running -gt 0 ]; do finish_one; done
+echo "test groups took $(( SECONDS - started )) s, $jobs at a time (TEST_JOBS=N to change)"
 if [ $status -ne 0 ]; then echo "FAILED groups: ${failed[*]}"; else echo "all test groups passed"; fi
 exit $status
