@@ -136,7 +136,8 @@ def cmd_evaluate(a) -> int:
     from wmrl.bimanual.train import evaluate
 
     cfg = _root_config(a, a.checkpoint)
-    report = evaluate(cfg, a.checkpoint, max_windows=a.max_windows, steps=a.steps, use_ema=not a.net_weights)
+    report = evaluate(cfg, a.checkpoint, max_windows=a.max_windows, steps=a.steps, use_ema=not a.net_weights,
+                      action_control=not a.no_action_control)
     _print(report)
     if a.out:
         from wmrl.fileio import write_json
@@ -231,6 +232,8 @@ def parser() -> argparse.ArgumentParser:
             t.add_argument("--max-windows", type=int, default=64)
             t.add_argument("--steps", type=int, help="denoising steps per block (default: model.denoise_steps)")
             t.add_argument("--net-weights", action="store_true", help="use net instead of net_ema")
+            t.add_argument("--no-action-control", action="store_true",
+                           help="skip the second rollout with another window's actions (the action response)")
             t.add_argument("--out", help="also write the report here (JSON)")
         if name == "base":
             t.add_argument("--out", required=True)

@@ -168,7 +168,8 @@ def test_stage1_from_stage0_and_wrong_parents(stage_cfg, tmp_path):
         resolve(stage_cfg(1, "job.name=s1", f"checkpoint.load_path={other['checkpoint']}", "trainer.max_iter=8"))
     ev = evaluate(cfg1, s1["checkpoint"], max_windows=4, steps=2)
     assert ev["frames"] > 0 and ev["psnr_copy_last_db"] > ev["psnr_model_db"] - 100
-    assert set(ev) >= {"psnr_model_db", "psnr_copy_last_db", "val_windows"}
+    assert set(ev) >= {"psnr_model_db", "psnr_copy_last_db", "val_windows", "psnr_model_pooled_db", "ssim_model",
+                       "frames_better_than_copy_last", "psnr_model_other_actions_db"}
 
 
 def test_not_a_bundle_and_other_bundle_are_refused(stage_cfg, tmp_path, bundle_copy):
@@ -203,3 +204,29 @@ def test_deepspeed_zero2_resume_matches_straight_run(stage_cfg):
     # a plain rerun of a DeepSpeed run is refused (same parallelism to resume)
     with pytest.raises(TrainError, match="same parallelism"):
         train(stage_cfg(0, "job.name=ds_killed", "trainer.max_iter=6", "checkpoint.save_iter=2"), progress=False)
+
+
+def test_next_frame_scores_know_the_answers():
+    """Copying the last frame scores as the baseline and beats it on no frame; the real frames
+    score SSIM 1 and beat it everywhere; the pooled PSNR weighs a moving frame's error as the
+    mean of the errors, not of the dBs; invalid frames are left out."""
+    import torch
+
+    from wmrl.bimanual.train import next_frame_scores
+
+    g = torch.Generator().manual_seed(0)
+    real = torch.rand(2, 3, 3, 16, 16, generator=g) * 2 - 1
+    copy = real.clone()
+    copy[:, 0] += 0.5 * torch.randn(2, 3, 16, 16, generator=g)  # a moving frame
+    copy[:, 1:] += 0.01 * torch.randn(2, 2, 3, 16, 16, generator=g)  # two nearly still ones
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    same = next_frame_scores(copy, real, copy, valid, gen_control=copy)
+    assert same["psnr_model_db"] == same["psnr_copy_last_db"] == same["psnr_model_other_actions_db"]
+    assert same["frames_better_than_copy_last"] == 0.0 and same["ssim_model"] == same["ssim_copy_last"] < 1
+    # the pooled PSNR is dominated by the moving frame; the per-frame mean by the still ones
+    assert same["psnr_copy_last_pooled_db"] < same["psnr_copy_last_db"] - 5
+    perfect = next_frame_scores(real, real, copy, valid)
+    assert perfect["frames_better_than_copy_last"] == 1.0 and perfect["ssim_model"] == pytest.approx(1.0)
+    assert "psnr_model_other_actions_db" not in perfect
+    valid[:, 0] = False  # without the moving frame the baseline looks far better
+    assert next_frame_scores(copy, real, copy, valid)["psnr_copy_last_pooled_db"] > same["psnr_copy_last_pooled_db"] + 20
