@@ -51,7 +51,7 @@ WM_TEST_DIRS := tests/worldmodel
 help:
 	@echo "make setup      both environments (.venv/train: Python 3.11, .venv/wm: Python 3.10)"
 	@echo "make demo       the whole cycle at toy scale on CPU: demos -> SFT -> collect -> world models -> pair -> GRPO -> report"
-	@echo "make test       the test suite (TESTS=tests/sim for a subset)"
+	@echo "make test       the test suite, its groups side by side (TESTS=tests/sim for a subset, TEST_JOBS=1 one at a time)"
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
 	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
