@@ -74,10 +74,14 @@ def main(args) -> int:
         raise ConfigError(f"{args.manifest} has no validation episodes; build it with --val-ratio > 0")
     disjoint = len(val) > 1  # else the one validation episode also calibrated the reward's threshold
     val = held_out_halves(val)[1][: args.episodes]  # not the half the reward's threshold was calibrated on
-    roll = open_loop(main_m, wrist_m, val, args.horizon, seed=args.seed, device=device)
+    # two held chunks past each episode's end: the rules of 2 and 3 chunks in a row can confirm a late crossing
+    roll = open_loop(main_m, wrist_m, val, args.horizon, seed=args.seed, device=device, hold_chunks=2)
     result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
               "episodes_disjoint_from_reward_calibration": disjoint, **metrics(roll, reward),
               "agreement": episode_agreement(roll, reward),
+              # GRPO's success_chunks: the reward at its threshold in k chunks in a row
+              "agreement_by_success_chunks": {str(k): episode_agreement(roll, reward, success_chunks=k)
+                                              for k in (1, 2, 3)},
               # the reward's ceiling: reading the real frames, at the threshold chosen on real episodes where
               # the reward has one (a threshold set for blurred imagined frames misjudges sharp ones)
               "agreement_on_real_frames": episode_agreement(roll, reward, frames="real",
@@ -98,6 +102,8 @@ def main(args) -> int:
                                              "controls")
                       if k in result},
                      indent=1))
+    print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(
+        f"k={k}: {a['balanced_accuracy']}" for k, a in result["agreement_by_success_chunks"].items()))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")
     return 0
 

@@ -39,6 +39,9 @@ def build(argv: list[str] | None = None):
                         "ranking.json (to judge other success rules offline; success decided as always)")
     p.add_argument("--guidance", default="", help="imagine at these action-guidance scales, e.g. 1,2 (a pair trained "
                    "with --action-dropout; the first is the headline; the real runs serve all). Default: the pair's own")
+    p.add_argument("--success-chunks", type=int, default=1,
+                   help="chunks in a row at the reward's threshold that make an imagined success (GRPO's "
+                        "grpo.success_chunks; with --traces rules 1-3 are all read from the same rollouts)")
     p.add_argument("--no-bf16", action="store_true", help="imagine in float32 on the GPU")
     cli.add_common(p)
     args = p.parse_args(argv)
@@ -50,6 +53,8 @@ def build(argv: list[str] | None = None):
             raise ConfigError(f"{path} not found: make it first ({how} RUN={args.run})")
     if args.trials < 1 or not 1 <= args.real_trials <= 50 or args.keyframes_per_task < 1 or args.max_chunk < 0:
         raise ConfigError("--trials >= 1, --real-trials 1..50, --keyframes-per-task >= 1, --max-chunk >= 0")
+    if not 1 <= args.success_chunks <= 10:
+        raise ConfigError(f"--success-chunks {args.success_chunks}: 1 (the first chunk at the threshold) to 10")
     from wmrl.evaluation.ranking import check_distinct, parse_policy
 
     try:
@@ -85,10 +90,11 @@ def main(args) -> int:
                            max_chunk=args.max_chunk, seed=args.seed or 0, workers=args.workers or default_workers(),
                            out_dir=args.out / "ranking", device=args.device, bf16=not args.no_bf16,
                            progress=not args.no_progress, traces=args.traces,
-                           guidance=args.guidance)
+                           guidance=args.guidance, success_chunks=args.success_chunks)
     write_json(args.out / "ranking.json", result)
     png = ranking_scatter(result, args.out / "ranking.png")
-    print(json.dumps({k: result[k] for k in ("spearman", "spearman_by_guidance", "cost") if k in result}, indent=1))
+    print(json.dumps({k: result[k] for k in ("spearman", "spearman_by_guidance", "spearman_by_success_chunks", "cost")
+                      if k in result}, indent=1))
     print(f"[wm-rank] {args.out / 'ranking.json'}" + (f", {png}" if png else ""))
     return 0
 

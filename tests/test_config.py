@@ -36,3 +36,15 @@ def test_collection_frame_interval_is_validated():
     assert CollectConfig().frame_interval == 1 and override(CollectConfig(), frame_interval=0).frame_interval == 0
     with pytest.raises(ConfigError, match="chunk boundaries only"):
         CollectConfig(frame_interval=-1)
+
+
+def test_grpo_success_chunks_and_gradient_agreement_interval_are_validated():
+    from wmrl.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    assert cfg.success_chunks == 1 and override(cfg, success_chunks=2).success_chunks == 2
+    for bad in (0, cfg.max_chunks + 1):
+        with pytest.raises(ConfigError, match="success_chunks"):
+            override(cfg, success_chunks=bad)
+    with pytest.raises(ConfigError, match="grad_agreement_interval"):
+        override(cfg, grad_agreement_interval=-1)

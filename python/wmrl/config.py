@@ -703,6 +703,11 @@ class GRPOConfig:
     # points (ODE, 10 x 50) in 4-6 steps of ~2 minutes on one H200.
     groups: int = 64
     max_chunks: int = 30  # 240 policy steps
+    # In imagination (env=wm): chunks in a row at the reward's threshold that make a success. 1 is
+    # the first crossing. On the H200 pair trained on the policy's own episodes (RESULTS.md), 5 of
+    # the 6 failures that succeeded in imagination crossed for a single chunk and fell back; 2 asks
+    # the next chunk, which the policy acts in too, to still look like success.
+    success_chunks: int = 1
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
     lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
@@ -789,6 +794,9 @@ class GRPOConfig:
             raise ConfigError(f"grpo.group_size={self.group_size}: a group needs >= 2 rollouts to compare (8 default)")
         if self.groups < 1 or self.max_chunks < 1:
             raise ConfigError("grpo: groups and max_chunks must be >= 1")
+        if not 1 <= self.success_chunks <= self.max_chunks:
+            raise ConfigError(f"grpo.success_chunks={self.success_chunks}: 1 (the first chunk at the reward's "
+                              f"threshold) up to max_chunks={self.max_chunks} chunks in a row")
         if self.noise_level <= 0 or self.temperature <= 0:
             raise ConfigError("grpo: noise_level and temperature must be > 0 (the ODE has no log-probability)")
         if not 0 < self.lr < 1 or self.weight_decay < 0 or self.grad_clip < 0:

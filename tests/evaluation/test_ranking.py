@@ -157,6 +157,18 @@ def test_traces_run_every_rollout_to_the_end_without_changing_the_decision(sft_r
     assert traced["imagined_steps"] == traced["rollouts"] * 8  # steps count to the decision, not the imagining
     assert len(traced["traces"]) == traced["rollouts"] == len(traced["trace_keyframes"])
     assert all(len(t) == 3 and all(0 <= p <= 1 for p in t) for t in traced["traces"])  # every chunk imagined
+    assert traced["success_rate_by_success_chunks"] == {"1": 1.0, "2": 1.0, "3": 1.0}  # every chunk clears
+    # success_chunks = 2: the crossing and the chunk after it; the rollout acts (and counts) both
+    env2, _, _ = ranking.held_out_env(pair, sft_run / "manifest.json", image_size=None, chunk_size=None, max_chunks=3,
+                                      tasks=None, max_chunk=0, keyframes_per_task=5, seed=0, device="cpu", bf16=False,
+                                      success_chunks=2)
+    two = ranking.imagined_success(env2, hold, 2)
+    assert two["success_rate"] == 1.0 and two["success_chunk_mean"] == 2.0 and two["success_chunks"] == 2
+    assert two["imagined_steps"] == two["rollouts"] * 2 * 8
+    with pytest.raises(ValueError, match="success_chunks"):
+        ranking.held_out_env(pair, sft_run / "manifest.json", image_size=None, chunk_size=None, max_chunks=3,
+                             tasks=None, max_chunk=0, keyframes_per_task=5, seed=0, device="cpu", bf16=False,
+                             success_chunks=4)
 
 
 def test_guidance_scales_share_the_real_runs_and_need_a_dropout_pair(sft_run, tmp_path):  # noqa: F811

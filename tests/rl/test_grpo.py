@@ -209,8 +209,6 @@ def test_gradient_agreement_reads_plus_one_for_two_equal_halves_and_minus_one_fo
     assert "grad_cos_halves" not in st and st["optimizer_steps"] >= 1
     assert [s for s in range(1, 13) if grpo.measures_agreement(cfg, s)] == [1, 6, 11]
     assert not any(grpo.measures_agreement(override(cfg, grad_agreement_interval=0), s) for s in range(1, 13))
-    with pytest.raises(Exception, match="grad_agreement_interval"):
-        override(cfg, grad_agreement_interval=-1)
 
 
 def test_identical_rewards_in_every_group_give_a_zero_update(sft_run):

@@ -645,6 +645,9 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     assert reward["val_generated_episodes"]["episodes"] == 1 and fid["agreement"]["episodes"] == 1
     assert fid["episodes_disjoint_from_reward_calibration"] is True
     assert fid["agreement_on_real_frames"]["episodes"] == 1
+    by_rule = fid["agreement_by_success_chunks"]  # GRPO's success_chunks 1-3 on the same replay
+    assert set(by_rule) == {"1", "2", "3"} and by_rule["1"] == fid["agreement"]
+    assert by_rule["3"]["imagined_successes"] <= by_rule["2"]["imagined_successes"] <= by_rule["1"]["imagined_successes"]
     traces = fid["reward_traces"]  # per scored episode, the reward's probability at every chunk
     assert len(traces["imagined"]) == len(traces["real"]) == len(traces["outcome"]) == 1
     assert len(traces["imagined"][0]) == len(traces["labels"][0]) and traces["imagined"][0][0] is not None
@@ -721,6 +724,50 @@ def test_balanced_accuracy_weighs_the_rare_class_equally():
     assert balanced_accuracy(torch.zeros(10, dtype=torch.bool), labels) == 0.5  # "never": 90% plain accuracy
     assert balanced_accuracy(labels.clone(), labels) == 1.0
     assert balanced_accuracy(torch.ones(10, dtype=torch.bool), torch.ones(10, dtype=torch.bool)) is None
+
+
+def test_success_chunks_ignore_a_passing_glimpse_and_confirm_a_late_crossing_in_the_held_chunks():
+    """GRPO's success_chunks rule on a constructed replay (success = a marked pixel): a failure
+    whose imagined frames show success for one chunk counts at k = 1 only; a success imagined at
+    the episode's last chunk is confirmed at k = 2 by the chunk imagined past the end (arm held);
+    one that vanishes in that chunk is not; a run must begin within the episode."""
+    from wmrl.rl.envs import first_success
+    from wmrl.worldmodel.fidelity import episode_agreement, in_a_row
+
+    f, hold = 8, 1  # chunks 0..6 real at most, one held chunk after each episode's end
+    imagined = torch.full((4, f, 3, 4, 4), -1.0)
+    marks = {0: (3, 4), 1: (2,), 2: (5,), 3: (2, 3)}  # chunks whose imagined frame shows success
+    for ep, at in marks.items():
+        for t in at:
+            imagined[ep, t, :, 0, 0] = 1.0
+    ends = {0: 3, 1: 6, 2: 5, 3: 6}  # episodes 0 and 2 succeed and end there; 1 and 3 fail at the horizon
+    t = torch.arange(f)[None, :]
+    length = torch.tensor([ends[i] for i in range(4)])[:, None]
+    valid = t <= length
+    success = [torch.zeros(f, dtype=torch.bool) for _ in range(4)]
+    success[0][3] = success[2][5] = True
+    ended = torch.tensor([True, False, True, False])[:, None]  # 1 and 3 reach the horizon: nothing held after
+    roll = {"real": {"main": imagined, "wrist": imagined}, "imagined": {"main": imagined, "wrist": imagined},
+            "valid": valid, "imagined_valid": valid | (ended & (t <= length + hold)), "success": success,
+            "steps": 6, "hold_chunks": hold, "episodes": 4, "outcome": torch.tensor([True, False, True, False])}
+
+    class Mark:
+        cfg = SimpleNamespace(views=("main",))
+        inputs = staticmethod(lambda views: views["main"])
+        success = staticmethod(lambda frames: frames[:, 0, 0, 0] > 0)
+
+    one = episode_agreement(roll, Mark)
+    assert one["confusion"] == {"both_success": 2, "only_real": 0, "only_imagined": 2, "both_failure": 0}
+    two = episode_agreement(roll, Mark, success_chunks=2)  # 0 confirmed by its held chunk, 2 lost, 1 dropped
+    assert two["confusion"] == {"both_success": 1, "only_real": 1, "only_imagined": 1, "both_failure": 1}
+    assert two["success_chunks"] == 2 and two["timing_error_chunks"] == 0.0
+    with pytest.raises(ValueError, match="hold_chunks"):
+        episode_agreement(roll, Mark, success_chunks=3)
+    hit = torch.tensor([[True, True, False, True], [True, True, True, False]])
+    assert in_a_row(hit, 2).tolist() == [[True, False, False, False], [True, True, False, False]]
+    # the same rule read from one traced rollout (ImaginedEnv's Outcome.reward_trace)
+    trace = [0.1, 0.9, 0.2, 0.9, 0.95, float("nan")]
+    assert [first_success(trace, 0.86, k) for k in (1, 2, 3)] == [1, 3, None]
 
 
 def test_static_baseline_is_the_start_frame_held():

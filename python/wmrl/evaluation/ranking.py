@@ -170,6 +170,13 @@ def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
     steps = sum(o.steps for o in outcomes)
     wins = [o for o in outcomes if o.success]
     peaks = [o.reward_peak for o in outcomes if o.reward_peak is not None]
+    by_rule = {}
+    if traces:  # the same rollouts judged by each success_chunks rule
+        from wmrl.rl.envs import first_success
+
+        for k in (1, 2, 3):
+            hits = sum(first_success(o.reward_trace, env.threshold, k) is not None for o in outcomes)
+            by_rule[str(k)] = round(hits / len(outcomes), 4)
     return {"success_rate": len(wins) / len(outcomes), "successes": len(wins), "rollouts": len(outcomes),
             "keyframes": len(starts), "trials_per_keyframe": trials, "seconds": round(seconds, 2),
             "imagined_steps": steps, "steps_per_s": round(steps / max(seconds, 1e-9), 1),
@@ -177,13 +184,14 @@ def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
             # early and for every policy alike is the first suspect when the ranking fails
             "success_chunk_mean": round(float(np.mean([o.chunks for o in wins])), 2) if wins else None,
             "reward_peak_median": round(float(np.median(peaks)), 4) if peaks else None,
-            **({"traces": [o.reward_trace for o in outcomes], "trace_keyframes": [o.start for o in outcomes]}
-               if traces else {})}
+            "success_chunks": env.success_chunks,
+            **({"traces": [o.reward_trace for o in outcomes], "trace_keyframes": [o.start for o in outcomes],
+                "success_rate_by_success_chunks": by_rule} if traces else {})}
 
 
 def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_size: int | None, max_chunks: int,
                  tasks: tuple[int, ...] | None, max_chunk: int, keyframes_per_task: int, seed: int, device,
-                 bf16: bool):
+                 bf16: bool, success_chunks: int = 1):
     """The pair as GRPO's imagined environment, started from keyframes of the manifest's
     validation episodes (no world model trained on them); ``image_size`` / ``chunk_size`` None:
     the pair's own. Returns (env, the pair's contract, the keyframes' summary for the result)."""
@@ -202,7 +210,8 @@ def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_si
     if not kf_tasks:
         raise ConfigError(f"{manifest}'s validation episodes hold no keyframe of tasks {list(tasks or ())}")
     env = ImaginedEnv(pair, tasks=kf_tasks, groups=1, seed=seed, max_chunks=max_chunks, image_size=image_size,
-                      chunk_size=chunk_size, index_dir=None, device=device, bf16=bf16, keyframes=keyframes)
+                      chunk_size=chunk_size, index_dir=None, device=device, bf16=bf16, keyframes=keyframes,
+                      success_chunks=success_chunks)
     info = {"origin": keyframes.origin, "count": sum(t in env.tasks for t in env.keyframe_tasks),
             "episodes": keyframes.info["episodes"]}
     return env, contract, info
@@ -228,12 +237,14 @@ def control_false_alarms(pair: Path, manifest: Path, *, trials: int = 4, keyfram
 def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, tasks: tuple[int, ...], trials: int,
                   real_trials: int, keyframes_per_task: int, max_chunk: int, seed: int, workers: int, out_dir: Path,
                   device: str = "auto", bf16: bool = True, progress: bool = False, traces: bool = False,
-                  guidance: tuple[float, ...] = ()) -> dict:
+                  guidance: tuple[float, ...] = (), success_chunks: int = 1) -> dict:
     """Imagined and real success of every policy, their rank correlation and costs (``traces``:
     see ``imagined_success``; the imagined seconds then count the rollouts run to the end).
     ``guidance``: imagine at each of these action-guidance scales (a pair trained with action
     dropout; the first is the headline "imagined", all under "imagined_by_guidance" with their own
-    Spearman): one real evaluation per policy serves every scale. Empty: the pair's own scale."""
+    Spearman): one real evaluation per policy serves every scale. Empty: the pair's own scale.
+    ``success_chunks``: GRPO's rule of that name (k chunks in a row at the reward's threshold);
+    with ``traces`` every rule 1-3 is also read from the same rollouts, each with its Spearman."""
     from wmrl.config import EvalConfig
     from wmrl.device import pick_device
     from wmrl.evaluation.harness import evaluate
@@ -248,7 +259,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     env, contract, keyframes = held_out_env(pair, manifest, image_size=sim.image_size, chunk_size=sim.chunk_size,
                                             max_chunks=sim.max_steps // sim.chunk_size, tasks=tasks,
                                             max_chunk=max_chunk, keyframes_per_task=keyframes_per_task, seed=seed,
-                                            device=dev, bf16=bf16)
+                                            device=dev, bf16=bf16, success_chunks=success_chunks)
     scales = guidance_scales(env, guidance)
     pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
     rows = []
@@ -288,12 +299,18 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
         for w in map(str, scales):
             rho_w = spearman([r["imagined_by_guidance"][w]["success_rate"] for r in rows], real_rates)
             by_guidance[w] = None if rho_w is None else round(rho_w, 4)
+    by_rule = {}
+    if traces:
+        for k in ("1", "2", "3"):
+            rho_k = spearman([r["imagined"]["success_rate_by_success_chunks"][k] for r in rows], real_rates)
+            by_rule[k] = None if rho_k is None else round(rho_k, 4)
     imag_s = sum(x["seconds"] for r in rows for x in r.get("imagined_by_guidance", {"": r["imagined"]}).values())
     real_s = sum(r["real"]["seconds"] for r in rows)
     return {"pair": str(pair), "manifest": str(manifest), "keyframes": keyframes,
             "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
             "policies": rows, "spearman": None if rho is None else round(rho, 4),
             "guidance": scales[0], **({"spearman_by_guidance": by_guidance} if by_guidance else {}),
+            "success_chunks": success_chunks, **({"spearman_by_success_chunks": by_rule} if by_rule else {}),
             "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),
                      "real_over_imagined": round(real_s / max(imag_s, 1e-9), 2),
                      "device": str(dev), "simulator_workers": pool.num_workers}}

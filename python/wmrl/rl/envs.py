@@ -12,7 +12,10 @@
   trajectories (both views' frame history and the proprio; keyframe-initialised rollouts),
   the main-view and wrist-view world models step in lockstep on the GPU, all rollouts of a
   step in one batch, and the frozen reward model scores every generated main | wrist pair:
-  success once its probability reaches the threshold calibrated on validation data.
+  success once its probability reaches the threshold calibrated on validation data in
+  ``success_chunks`` chunks in a row (1: the first crossing; 2 also asks the next chunk, which
+  the policy acts in too, to look like success: a world model's passing glimpse of success
+  does not count).
 
 The algorithm (``wmrl.rl.grpo``) does not know which one it drives. Start states are a pure
 function of (seed, step, group), so a resumed run draws the same ones; the imagined
@@ -209,14 +212,27 @@ class Keyframes:
         return cls(tensors, info, "keyframes of held-out (validation) trajectories")
 
 
+def first_success(trace: list[float], threshold: float, success_chunks: int) -> int | None:
+    """The chunk (0-based) where ``success_chunks`` chunks in a row at ``threshold`` begin in a
+    reward trace (``Outcome.reward_trace``; NaN: not imagined), or None: ImaginedEnv's rule, read
+    offline, so one traced rollout judges every rule."""
+    run = 0
+    for t, p in enumerate(trace):
+        run = run + 1 if p == p and p >= threshold else 0
+        if run == success_chunks:
+            return t - success_chunks + 1
+    return None
+
+
 class ImaginedEnv:
     name = "wm"
 
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
-                 keyframes: Keyframes | None = None):
+                 keyframes: Keyframes | None = None, success_chunks: int = 1):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
-        run's keyframe index is written once and checked on resume (None: not recorded)."""
+        run's keyframe index is written once and checked on resume (None: not recorded);
+        ``success_chunks``: chunks in a row at the reward's threshold that make a success."""
         from wmrl.fileio import sha256_file, write_json
         from wmrl.release.pair import PairError, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
@@ -226,7 +242,11 @@ class ImaginedEnv:
         pair = load_pair(pair_dir)  # every file's SHA-256 first
         check_contract(pair, image_size=image_size, chunk_size=chunk_size)  # before any weight loads
         self.pair, self.device, self.bf16 = pair, torch.device(device), bf16
+        if not 1 <= success_chunks <= max_chunks:
+            raise ValueError(f"success_chunks={success_chunks}: 1 (the first chunk at the threshold) up to "
+                             f"max_chunks={max_chunks}")
         self.tasks, self.groups, self.seed, self.max_chunks = tasks, groups, seed, max_chunks
+        self.success_chunks = success_chunks
         self.chunk_size, self.image_size = chunk_size, image_size
         main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)
         wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
@@ -279,7 +299,7 @@ class ImaginedEnv:
     def run(self, starts: list[Start], group_size: int, act, *, to_the_end: bool = False) -> list[Outcome]:
         """``to_the_end``: imagine every rollout for ``max_chunks`` and record the reward's
         probability at each chunk (``Outcome.reward_trace``); success and its chunk are decided
-        as always (the first chunk at the threshold), only the imagining goes on."""
+        as always (``success_chunks`` in a row at the threshold), only the imagining goes on."""
         from wmrl.worldmodel.model import images_to_unit, unit_to_images
 
         if not starts:  # more processes than groups: nothing to imagine here
@@ -297,6 +317,7 @@ class ImaginedEnv:
         success = torch.zeros_like(done)
         chunks = torch.zeros(b, dtype=torch.long, device=self.device)
         peak = torch.zeros(b, device=self.device)
+        streak = torch.zeros(b, dtype=torch.long, device=self.device)  # chunks in a row at the threshold
         trace = torch.full((b, self.max_chunks), float("nan"), device=self.device) if to_the_end else None
         imagined = torch.arange(b, device=self.device)  # the rollouts in the world's batch, in its order
         step = starts[0].step
@@ -322,9 +343,11 @@ class ImaginedEnv:
             open_ = ~success[live]  # still undecided: counts its chunk and its peak
             chunks[live[open_]] += 1
             peak[live[open_]] = torch.maximum(peak[live[open_]], prob[open_])
-            success[live] |= hit
+            streak[live] = torch.where(hit, streak[live] + 1, 0)
+            confirmed = streak[live] >= self.success_chunks
+            success[live] |= confirmed
             if trace is None:
-                done[live] |= hit
+                done[live] |= confirmed
             else:
                 trace[live, t] = prob
         return [Outcome(rid[i], group[i], bool(success[i]), int(chunks[i]), int(chunks[i]) * self.chunk_size,
@@ -334,7 +357,8 @@ class ImaginedEnv:
 
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
-                "reward_threshold": self.threshold, "max_chunks": self.max_chunks, "keyframe_index": str(self.index_path),
+                "reward_threshold": self.threshold, "success_chunks": self.success_chunks, "max_chunks": self.max_chunks,
+                "keyframe_index": str(self.index_path),
                 "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)"}
 
     def close(self) -> None:

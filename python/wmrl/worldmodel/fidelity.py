@@ -16,7 +16,10 @@ history and the predicted proprio. Compared with the real frames at the same chu
   model, reading the frames imagined with an episode's real actions, call the episode a
   success when the simulator did, and at which chunk? Balanced accuracy of episode success
   (failures are common in a policy's data, successes in demonstrations) and the timing error.
-  This is the figure that decides whether GRPO in imagination can work;
+  This is the figure that decides whether GRPO in imagination can work. Under the rule that asks
+  k chunks in a row at the threshold (GRPO's ``success_chunks``), an episode's replay goes on
+  past its last real chunk with the arm held still (``hold_chunks``), so a crossing at the end
+  can be confirmed as it would be in GRPO;
 * whether each model reads the actions (``action_response``): one chunk ahead from real
   frames, the real action chunk against another transition's, from the same noise;
 * a video per episode: real | imagined, main view then wrist view.
@@ -61,22 +64,33 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
 
 
 @torch.no_grad()
-def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu", bf16: bool = True) -> dict:
+def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu", bf16: bool = True,
+              hold_chunks: int = 0) -> dict:
     """Imagine every episode with its real actions; returns real and imagined frames per step.
 
     Episodes run as one batch (``Imagination``); those shorter than ``horizon`` chunks simply
     stop contributing. Returned tensors are (E, T + 1, 3, H, W) in [-1, 1] with ``valid`` (E, T + 1).
+    ``hold_chunks``: an episode that ends within the horizon is imagined that many chunks further
+    with zero actions (the arm held still, the gripper as it was), marked in ``imagined_valid``;
+    the real frames and ``valid`` end where the episode did (T counts these chunks too).
     On a GPU the models run under bf16 autocast (``bf16``), as GRPO's imagination does: the
     reward is calibrated, and agreement measured, on frames made the way GRPO makes them."""
     from wmrl.worldmodel.imagine import Imagination
     from wmrl.worldmodel.model import images_to_unit
 
     e = len(episodes)
-    steps = min(horizon, max(len(ep.actions) for ep in episodes))
+    real_steps = min(horizon, max(len(ep.actions) for ep in episodes))
+    steps = real_steps + hold_chunks
     real = {v: torch.stack([images_to_unit(torch.from_numpy(_pad(getattr(ep, v), steps + 1))) for ep in episodes])
             for v in ("main", "wrist")}
-    acts = torch.stack([torch.from_numpy(_pad(ep.actions, steps)) for ep in episodes]).to(device)
-    valid = torch.tensor([[t <= len(ep.actions) for t in range(steps + 1)] for ep in episodes])
+    acts = torch.stack([torch.from_numpy(_pad(ep.actions, steps)) for ep in episodes])
+    lengths = torch.tensor([len(ep.actions) for ep in episodes])
+    acts[torch.arange(steps)[None, :] >= lengths[:, None]] = 0  # past its end an episode holds still
+    acts = acts.to(device)
+    t = torch.arange(steps + 1)[None, :]
+    valid = (t <= lengths[:, None]) & (t <= real_steps)
+    ended = lengths <= real_steps  # over within the horizon: imagined on while held still
+    imagined_valid = valid | (ended[:, None] & (t <= lengths[:, None] + hold_chunks))
     p0 = torch.stack([torch.from_numpy(ep.proprio[0]) for ep in episodes]).to(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     world = Imagination(main_model, wrist_model)
@@ -88,9 +102,10 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
             main, wrist, _ = world.step(acts[:, t], generator=g)
         imagined["main"].append(main)
         imagined["wrist"].append(wrist)
+    success = [torch.from_numpy(_pad(ep.success, steps + 1)) & valid[i] for i, ep in enumerate(episodes)]
     return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
-            "valid": valid, "success": [torch.from_numpy(_pad(ep.success, steps + 1)) for ep in episodes], "steps": steps,
-            "episodes": e, "outcome": simulator_outcomes(episodes)}
+            "valid": valid, "imagined_valid": imagined_valid, "success": success, "steps": real_steps,
+            "hold_chunks": hold_chunks, "episodes": e, "outcome": simulator_outcomes(episodes)}
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:
@@ -131,16 +146,33 @@ def metrics(roll: dict, reward=None) -> dict:
     return out
 
 
-def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: float | None = None) -> dict:
+def in_a_row(hit: torch.Tensor, k: int) -> torch.Tensor:
+    """(E, T) bool -> (E, T) bool: True where ``hit`` holds at t and the k - 1 chunks after it."""
+    out = hit.clone()
+    for j in range(1, k):
+        out[:, :-j] &= hit[:, j:]
+        out[:, -j:] = False
+    return out
+
+
+def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: float | None = None,
+                      success_chunks: int = 1) -> dict:
     """Episode-level success in imagination against the simulator's, for the rollouts of
     ``open_loop`` (real actions from the real start): success-once over the valid imagined
     frames, as GRPO's imagined environment judges it; timing error in chunks where both say
-    success. ``frames="real"``: the same reward reading the real frames instead, the agreement
-    a perfect world model would get (the reward's own ceiling: below it, the world models lose
-    what success looks like; at it, the reward cannot tell). ``threshold``: instead of the
-    reward's own (calibrated on imagined episodes), e.g. its ``threshold_real``, chosen on real
-    episodes, for the ceiling: a threshold set for blurred imagined frames misjudges sharp ones."""
+    success. ``success_chunks`` k: as GRPO's rule of that name, the reward at its threshold in k
+    chunks in a row, the first of them within the episode, the others possibly in the chunks
+    imagined past its end (``open_loop(hold_chunks=k - 1)``).
+
+    ``frames="real"``: the same reward reading the real frames instead, the agreement a perfect
+    world model would get (the reward's own ceiling: below it, the world models lose what
+    success looks like; at it, the reward cannot tell). ``threshold``: instead of the reward's
+    own (calibrated on imagined episodes), e.g. its ``threshold_real``, chosen on real episodes,
+    for the ceiling: a threshold set for blurred imagined frames misjudges sharp ones."""
     valid = roll["valid"]
+    readable = roll.get("imagined_valid", valid) if frames == "imagined" else valid
+    if success_chunks > 1 and frames == "imagined" and roll.get("hold_chunks", 0) < success_chunks - 1:
+        raise ValueError(f"success_chunks={success_chunks} needs open_loop(hold_chunks >= {success_chunks - 1})")
     labels = torch.stack(roll["success"]).bool() & valid
     e = labels.shape[0]
     said = torch.zeros_like(labels)
@@ -149,8 +181,9 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
         x = reward.inputs({v: views[v][i] for v in reward.cfg.views})
         with torch.no_grad():
             hit = reward.success(x) if threshold is None else torch.sigmoid(reward(x)) >= threshold
-        said[i] = hit.cpu() & valid[i]
+        said[i] = hit.cpu() & readable[i]
     said[:, 0] = False  # the start is a real frame, not imagined
+    said = in_a_row(said, success_chunks) & valid  # the run begins within the episode
     seen = labels.any(1)  # a success frame among the chunk boundaries the reward reads
     # the truth is the simulator's success-once; a success whose goal held only inside a chunk
     # has no success frame to see (counted: the part of the gap no reward can close)
@@ -158,7 +191,8 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
     first = lambda m: torch.where(m.any(1), m.float().argmax(1), torch.full((e,), -1.0))  # noqa: E731
     both = real & imag
     timing = (first(said) - first(labels))[imag & seen].abs()  # where both have a success frame
-    return {"episodes": e, "real_successes": int(real.sum()), "imagined_successes": int(imag.sum()),
+    return {"episodes": e, "success_chunks": success_chunks, "real_successes": int(real.sum()),
+            "imagined_successes": int(imag.sum()),
             "successes_without_success_frame": int((real & ~seen).sum()),
             "balanced_accuracy": _round(balanced_accuracy(imag, real)),
             "accuracy": round(float((imag == real).float().mean()), 4),
@@ -179,7 +213,8 @@ def reward_traces(roll: dict, reward) -> dict:
         for frames in ("imagined", "real"):
             x = reward.inputs({v: roll[frames][v][i] for v in reward.cfg.views})
             prob = torch.sigmoid(reward(x)).float().cpu()
-            out[frames].append([round(float(p), 4) if ok else None for p, ok in zip(prob, valid[i])])
+            ok_at = roll.get("imagined_valid", valid)[i] if frames == "imagined" else valid[i]  # past the end: held
+            out[frames].append([round(float(p), 4) if ok else None for p, ok in zip(prob, ok_at)])
         out["labels"].append([bool(y) and bool(ok) for y, ok in zip(roll["success"][i], valid[i])])
     return out
 
