@@ -139,12 +139,14 @@ grpo: setup
 	@test -n "$(TARGET)" || { echo "error: give TARGET=<GRPO step to train to> (RESUME=N continues step N)"; exit 2; }
 	$(PER_GPU_PY) python/grpo.py --profile $(PROFILE) --run-dir $(RUN) --target $(TARGET) \
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
-		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) $(DRY)
+		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) \
+		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(DRY)
 
 # The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
-# MAX_MINUTES (world-model update), GPUS, SEED, WORKERS, DRY_RUN=1.
+# MAX_MINUTES (world-model update), SUCCESS_CHUNKS (imagined success: chunks in a row at the
+# reward's threshold, 1), GPUS, SEED, WORKERS, DRY_RUN=1.
 # One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
 # pair, between the 10 x 50 evaluations before (in the background) and after) -> report. Every
 # stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun and PROFILE to
@@ -161,7 +163,8 @@ cycle: setup
 	python3 python/cycle.py --profile $(PROFILE) --run $(RUN) $(call opt,--cycles,$(CYCLES)) \
 		$(call opt,--grpo-steps,$(GRPO_STEPS)) $(call opt,--episodes,$(EPISODES)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
-		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
+		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--success-chunks,$(SUCCESS_CHUNKS)) \
+		--train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
 
 # Release: RUN as a bundle (seed 000's layout, MANIFEST.json with every SHA-256); DATA=0 leaves
 # the trajectories out. Restore: verify (resumable), relocate paths, unpack the source.

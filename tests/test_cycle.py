@@ -340,3 +340,14 @@ def test_the_background_evaluation_leaves_a_core_to_each_world_model_where_cores
     run = new_run(tmp_path)
     cmd = next(s["command"] for s in plan(job(run, workers=16)) if s["stage"] == "evaluate_start")
     assert "--workers 14" in cmd
+
+
+def test_the_imagined_success_rule_reaches_grpo_only_when_asked(tmp_path):
+    """cycle.success_chunks (SUCCESS_CHUNKS) is GRPO's --success-chunks; the default 1 adds no
+    flag, so the commands of runs begun before it existed stay the same."""
+    from wmrl.config import CycleConfig
+
+    run = new_run(tmp_path)
+    grpo = lambda **kw: next(s["command"] for s in plan(job(run, **kw)) if s["stage"] == "grpo")  # noqa: E731
+    assert "--success-chunks" not in grpo()
+    assert "--success-chunks 2" in grpo(cfg=CycleConfig(success_chunks=2))

@@ -866,8 +866,14 @@ class CycleConfig:
     # the world-model update's time limit in minutes (both views stop by the seed's rule once it
     # is reached, or at wm.train.steps if sooner); 0: none. MAX_MINUTES on the command line wins
     wm_max_minutes: float = 0.0
+    # GRPO's imagined success rule in the cycle (grpo.success_chunks: chunks in a row at the
+    # reward's threshold); the cycle's wm-eval reports the episode agreement under 1, 2 and 3
+    success_chunks: int = 1
 
     def __post_init__(self) -> None:
+        if self.success_chunks < 1:
+            raise ConfigError(f"cycle.success_chunks={self.success_chunks}: 1 (the first chunk at the threshold) or "
+                              "more chunks in a row")
         if self.grpo_steps < 1:
             raise ConfigError(f"cycle.grpo_steps={self.grpo_steps}: must be >= 1 (GRPO_STEPS=20)")
         if not 0 < self.val_ratio < 1 or not 0 <= self.new_ratio <= 1:

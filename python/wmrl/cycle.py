@@ -196,7 +196,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / "fidelity.json",), gpu=True, verify=False),
         Stage("grpo", "train", (
             *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(cl.model_pair),
-            "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers)),
+            "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers),
+            *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ())),
             (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
