@@ -169,13 +169,15 @@ def cmd_generate(a) -> int:
     from wmrl.bimanual.export import generate
 
     teacher_cfg = None
+    if a.teacher_steps is not None and (not a.teacher or a.teacher_steps < 1):
+        raise ConfigError("--teacher-steps N (>= 1) sets the Euler steps of a --teacher; give --teacher <iteration root>")
     if a.config:
         if not a.teacher:
             raise ConfigError("--config describes the --teacher; give --teacher <iteration root> with it (the student needs none)")
         a.overrides = []
         teacher_cfg = _root_config(a, a.teacher)
     report = generate(a.student, a.context, a.out, teacher=a.teacher, teacher_cfg=teacher_cfg, context_frames=a.context_frames,
-                      length=a.frames, seed=a.seed, limit=a.limit, fps=a.fps, device=a.device)
+                      length=a.frames, seed=a.seed, limit=a.limit, fps=a.fps, device=a.device, teacher_steps=a.teacher_steps)
     _print(report)
     return 0
 
@@ -249,6 +251,8 @@ def parser() -> argparse.ArgumentParser:
                         "(frames (K,H,W,3) uint8, raw actions (T,59), mask (T,59), domain, caption)")
     g.add_argument("--out", required=True, help="an .mp4 for one context, else a folder (one .mp4 + .npz per clip, generate.json)")
     g.add_argument("--teacher", help="an iteration root to compare with (e.g. Stage 1), sampled with its own Euler steps")
+    g.add_argument("--teacher-steps", type=int, help="the teacher's Euler steps (default: its config's "
+                   "model.denoise_steps; the default profile's 8 are its full sampling steps, the tiny profile's 2)")
     g.add_argument("--config", help="the teacher's stage TOML (default: the config its root recorded)")
     g.add_argument("--profile", default="default", choices=("default", "tiny"), help="profile of --config")
     g.add_argument("--context-frames", type=int, default=1, help="real frames given as context")

@@ -399,10 +399,11 @@ def rollout(net, batch: dict, *, context_frames: int, schedule=None, steps: int 
 
 
 # ------------------------------------------------------------------------------ generation
-def load_teacher(root: str | os.PathLike, s: Student, cfg: StageConfig | None = None, device: str = "cpu"):
+def load_teacher(root: str | os.PathLike, s: Student, cfg: StageConfig | None = None, device: str = "cpu",
+                 steps: int | None = None):
     """A comparison model from an iteration root (its EMA), with its own sampler: the saved
-    schedule of a distilled root, else ``model.denoise_steps`` Euler steps (of ``cfg`` where
-    given, else of the run's recorded config)."""
+    schedule of a distilled root, else ``steps`` Euler steps (default ``model.denoise_steps`` of
+    ``cfg`` where given, else of the run's recorded config)."""
     import torch
 
     from wmrl.bimanual.distill import check_architecture
@@ -424,7 +425,7 @@ def load_teacher(root: str | os.PathLike, s: Student, cfg: StageConfig | None = 
     except RuntimeError as e:
         raise ExportError(f"--teacher {root}: its weights do not fit the student's image size/tokenizer or [model] "
                           f"({str(e).splitlines()[0]})") from None
-    sampler = {"schedule": meta["schedule"]} if meta.get("schedule") else {"steps": mcfg.denoise_steps}
+    sampler = {"schedule": meta["schedule"]} if meta.get("schedule") else {"steps": steps or mcfg.denoise_steps}
     return net.to(torch.device(device)).eval(), sampler, meta
 
 
@@ -439,8 +440,10 @@ def _side_by_side(panels: list[np.ndarray]) -> np.ndarray:
 
 def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.PathLike, *, teacher: str | None = None,
              teacher_cfg: StageConfig | None = None, context_frames: int = 1, length: int | None = None, seed: int = 0,
-             limit: int | None = None, fps: int = 6, device: str = "auto") -> dict[str, Any]:
-    """Videos of the exported student (and a teacher) from each context; see the module doc."""
+             limit: int | None = None, fps: int = 6, device: str = "auto", teacher_steps: int | None = None
+             ) -> dict[str, Any]:
+    """Videos of the exported student (and a teacher) from each context; see the module doc.
+    ``teacher_steps``: the teacher's Euler steps (default: its config's ``model.denoise_steps``)."""
     import torch
 
     from wmrl.bimanual.loader import write_video
@@ -455,7 +458,7 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
     single = out.suffix == ".mp4"
     if single and len(clips) != 1:
         raise ExportError(f"--out {out} is one video but there are {len(clips)} contexts; give a folder for several")
-    t_net, t_sampler, t_meta = load_teacher(teacher, s, teacher_cfg, dev) if teacher else (None, None, None)
+    t_net, t_sampler, t_meta = load_teacher(teacher, s, teacher_cfg, dev, teacher_steps) if teacher else (None, None, None)
     report: dict[str, Any] = {"student": str(student_dir), "schedule": s.schedule, "device": dev, "seed": seed,
                               "teacher": None if teacher is None else {"root": str(teacher), "stage": t_meta.get("stage"),
                                                                         "iteration": t_meta.get("iteration"), **t_sampler},
@@ -477,6 +480,9 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
 
         rec = {"name": clip.name, "frames": int(gen.shape[0]), "context_frames": context_frames, "real_frames": k,
                "domain_id": clip.domain_id, "caption": clip.caption, "student": score(gen_x, secs)}
+        if k > context_frames:  # the baseline to beat: the last context frame held still
+            held = score(real[context_frames - 1:context_frames].expand_as(gen_x), 0.0)
+            rec["hold"] = {key: v for key, v in held.items() if key in ("psnr_db", "ssim")}
         arrays = {"generated": gen, "real": ((real[:k].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()}
         panels = [gen]
         if t_net is not None:
@@ -501,9 +507,10 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
 
 def summarize(clips: list[dict]) -> dict[str, Any]:
     """Means over the clips per model (PSNR, SSIM, frames/s) and the student's speed-up over
-    the teacher: the two figures distillation is for."""
+    the teacher: the two figures distillation is for; ``hold``: the last context frame held
+    still, the baseline a rollout has to beat."""
     out: dict[str, Any] = {"clips": len(clips)}
-    for who in ("student", "teacher"):
+    for who in ("student", "teacher", "hold"):
         rows = [c[who] for c in clips if who in c]
         for key in ("psnr_db", "ssim", "frames_per_s"):
             vals = [r[key] for r in rows if key in r]

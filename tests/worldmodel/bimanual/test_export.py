@@ -117,6 +117,19 @@ def test_exported_student_reloads_in_a_fresh_process_and_generates_the_same_fram
     summ = rep["summary"]
     assert summ["clips"] == 1 and summ["student_psnr_db"] == pytest.approx(c["student"]["psnr_db"], abs=1e-3)
     assert summ["speedup"] == pytest.approx(c["student"]["frames_per_s"] / c["teacher"]["frames_per_s"], rel=0.01)
+    # the baseline beside them: the context frame held still (as good as a model that predicts no motion)
+    held = np.repeat(arrays["real"][:1], len(arrays["real"]), 0).astype(np.float64) / 255
+    mse = ((held - arrays["real"].astype(np.float64) / 255) ** 2)[1:].reshape(len(held) - 1, -1).mean(1)
+    assert c["hold"]["psnr_db"] == pytest.approx(float(np.mean(10 * np.log10(1 / np.maximum(mse, 1e-10)))), abs=0.05)
+    assert summ["hold_psnr_db"] == pytest.approx(c["hold"]["psnr_db"], abs=1e-3)
+    # the teacher at other Euler steps (its full sampling steps where its profile's are fewer)
+    r = cli("generate", "--student", moved, "--context", f"{bundle_dir}:{eid}", "--out", tmp_path / "clip3.mp4",
+            "--teacher", chain["roots"][1], "--teacher-steps", 3)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["teacher"]["steps"] == 3
+    r = cli("generate", "--student", moved, "--context", f"{bundle_dir}:{eid}", "--out", tmp_path / "x.mp4",
+            "--teacher-steps", 3)
+    assert r.returncode == 2 and "--teacher" in r.stderr and not (tmp_path / "x.mp4").exists()
 
 
 def test_batch_generation_from_a_bundle_and_a_clip_file(exported, bundle_dir, tmp_path):
