@@ -177,7 +177,8 @@ def cmd_generate(a) -> int:
         a.overrides = []
         teacher_cfg = _root_config(a, a.teacher)
     report = generate(a.student, a.context, a.out, teacher=a.teacher, teacher_cfg=teacher_cfg, context_frames=a.context_frames,
-                      length=a.frames, seed=a.seed, limit=a.limit, fps=a.fps, device=a.device, teacher_steps=a.teacher_steps)
+                      length=a.frames, seed=a.seed, limit=a.limit, fps=a.fps, device=a.device,
+                      teacher_steps=a.teacher_steps)
     _print(report)
     return 0
 
