@@ -83,6 +83,12 @@ class ModelConfig:
     # budget: 29.86 dB against copy-last's 32.66); training only has to learn the motion.
     # Saved with every checkpoint; all four stages of one recipe must agree (checked on load).
     residual: bool = False
+    # Condition each frame also on its action's step: this transition's command minus the last
+    # one's (masked where either is missing). The commands are absolute poses and joint targets;
+    # the frame's motion follows their change, which a small model does not derive by itself
+    # (bench/RESULTS.md: the tiny residual model's prediction moved 0.02 dB under another
+    # window's actions). Saved with every checkpoint; all four stages agree.
+    action_step: bool = False
 
     def __post_init__(self) -> None:
         if self.width % self.heads:

@@ -109,7 +109,8 @@ class VideoWorldModel(nn.Module):
         self.caption_embed = nn.Embedding(vocab_size, cfg.caption_dim)
         self.caption_proj = nn.Linear(cfg.caption_dim, w)
         # the three new action modules (absent from a base checkpoint)
-        self.action_encoder = nn.Sequential(nn.Linear(2 * action_dim, w), nn.SiLU(), nn.Linear(w, w))
+        per_frame = 2 * action_dim if cfg.action_step else action_dim  # the command (and its step)
+        self.action_encoder = nn.Sequential(nn.Linear(2 * per_frame, w), nn.SiLU(), nn.Linear(w, w))
         self.domain_embedding = nn.Embedding(NUM_DOMAINS, w)
         self.action_modulation = nn.Linear(w, w)
         nn.init.zeros_(self.action_modulation.weight)
@@ -171,11 +172,16 @@ class VideoWorldModel(nn.Module):
             raise ValueError("model.residual: generating a block needs the last clean frame before it, its anchor (last=)")
         return last[:, None].expand(-1, s, *last.shape[1:])
 
-    @staticmethod
-    def frame_actions(actions, action_mask):
-        """Per-frame conditioning: frame f gets transition f-1's action; frame 0 none."""
+    def frame_actions(self, actions, action_mask):
+        """Per-frame conditioning: frame f gets transition f-1's action; frame 0 none. With
+        ``model.action_step`` also that action minus transition f-2's (where both exist)."""
         z = torch.zeros_like(actions[:, :1])
-        return torch.cat([z, actions], 1), torch.cat([z.bool(), action_mask], 1)
+        act, am = torch.cat([z, actions], 1), torch.cat([z.bool(), action_mask], 1)
+        if not self.cfg.action_step:
+            return act, am
+        both = am & torch.cat([z.bool(), am[:, :-1]], 1)
+        step = (act - torch.cat([z, act[:, :-1]], 1)) * both
+        return torch.cat([act, step], -1), torch.cat([am, both], -1)
 
     def _token_mask(self, allowed: torch.Tensor, key_valid: torch.Tensor | None = None) -> torch.Tensor:
         """Frame-level (Sq, Sk) bool -> token-level (1 or B, 1, Sq*N, Sk*N) attention mask."""

@@ -51,10 +51,10 @@ def test_short_window_is_padded_and_masked(bundle_dir):
     np.testing.assert_array_equal(s["video"][3], s["video"][2])
 
 
-def small_model(bundle_dir, block_frames=1, residual=False, perturb=True):
+def small_model(bundle_dir, block_frames=1, residual=False, perturb=True, action_step=False):
     torch.manual_seed(0)
     cfg = ModelConfig(patch=8, width=32, depth=2, heads=4, caption_dim=16, block_frames=block_frames, max_frames=16,
-                      residual=residual)
+                      residual=residual, action_step=action_step)
     m = VideoWorldModel(cfg, image_size=32, vocab_size=Bundle(bundle_dir).tokenizer().vocab_size)
     if perturb:
         with torch.no_grad():  # leave the zero-initialised gates: otherwise every output is 0
@@ -164,3 +164,31 @@ def test_an_untrained_residual_model_copies_the_last_frame_before_each_block(bun
     with pytest.raises(ValueError, match="anchor"):
         m.denoise_block(m.new_cache(), torch.tensor([1]), *m.frame_actions(batch["actions"], batch["action_mask"]),
                         batch["domain_id"], m.caption_vector(batch["caption_ids"], batch["caption_mask"]), 2)
+
+
+def test_the_action_step_is_each_command_minus_the_last_and_reaches_the_kv_cache_rollout(bundle_dir, batch):
+    """model.action_step: frame f sees transition f-1's command and that command minus transition
+    f-2's; frames 0 and 1 have no step (masked), nor do padded transitions; the cached rollout
+    reproduces teacher forcing with it as without."""
+    m = small_model(bundle_dir, action_step=True)
+    act, am = m.frame_actions(batch["actions"], batch["action_mask"])
+    d = batch["actions"].shape[-1]
+    assert act.shape[-1] == am.shape[-1] == 2 * d
+    torch.testing.assert_close(act[:, 3, d:], (batch["actions"][:, 2] - batch["actions"][:, 1]) * am[:, 3, d:])
+    assert not am[:, :2, d:].any() and torch.equal(am[:, 2:, d:], am[:, 2:, :d] & am[:, 1:-1, :d])
+    x0 = batch["video"]
+    t = torch.rand(2, x0.shape[1])
+    t[:, 0] = 0
+    noisy = torch.randn_like(x0)
+    with torch.no_grad():
+        v_tf = m.forward_teacher_forcing(x0, noisy, t, batch)
+        cap = m.caption_vector(batch["caption_ids"], batch["caption_mask"])
+        cache = m.new_cache()
+        m.push_clean(cache, x0[:, :1], torch.tensor([0]), act[:, :1], am[:, :1], batch["domain_id"], cap)
+        outs = []
+        for f in range(1, x0.shape[1]):
+            idx = torch.tensor([f])
+            outs.append(m._forward(noisy[:, idx], idx, t[:, idx], act[:, idx], am[:, idx], batch["domain_id"], cap, None,
+                                   cache))
+            m.push_clean(cache, x0[:, idx], idx, act[:, idx], am[:, idx], batch["domain_id"], cap)
+    assert torch.allclose(v_tf, torch.cat(outs, 1), atol=1e-5)
