@@ -652,8 +652,8 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     """Held-out next-chunk prediction: from true history (KV cache), generate the next block and
     compare with the real frames (``next_frame_scores``); the baseline copies the last real
     frame. A distilled root (Stages 2, 3) samples with its saved schedule unless ``steps`` asks
-    for Euler steps. ``action_control``: also roll out each window with the actions of the next
-    window in its batch (a window alone in its batch: its actions reversed in time), same seed."""
+    for Euler steps. ``action_control``: also roll out each window with the actions of another
+    window of its batch (a window alone in its batch: its own reversed in time), same noise."""
     import torch
 
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
@@ -669,9 +669,9 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
     schedule = meta.get("schedule") if steps is None else None
     gens, reals, copies, valids, controls, n = [], [], [], [], [], 0
     t0 = time.time()
-    for i, (batch, wins) in enumerate(loader.iter_val(limit=max_windows)):
+    for j, (batch, wins) in enumerate(loader.iter_val(limit=max_windows)):
         batch = {k: v.to(device) for k, v in batch.items()}
-        g = torch.Generator(device=device).manual_seed(seed + i)  # the control draws the same noise
+        g = torch.Generator(device=device).manual_seed(seed + j)  # the control draws the same noise
         gens.append(net.rollout(batch, context_frames=1, teacher_forced=True, steps=steps, generator=g,
                                 schedule=schedule)[:, 1:])
         real = batch["video"]
@@ -688,7 +688,7 @@ def evaluate(cfg: StageConfig, root: str | os.PathLike, *, max_windows: int = 64
                 other["actions"], other["action_mask"] = batch["actions"].roll(1, 0), batch["action_mask"].roll(1, 0)
             else:
                 other["actions"], other["action_mask"] = batch["actions"].flip(1), batch["action_mask"].flip(1)
-            g = torch.Generator(device=device).manual_seed(seed + i)
+            g = torch.Generator(device=device).manual_seed(seed + j)
             controls.append(net.rollout(other, context_frames=1, teacher_forced=True, steps=steps, generator=g,
                                         schedule=schedule)[:, 1:])
         n += len(wins)
