@@ -87,7 +87,8 @@ class ModelConfig:
     # one's (masked where either is missing). The commands are absolute poses and joint targets;
     # the frame's motion follows their change, which a small model does not derive by itself
     # (bench/RESULTS.md: the tiny residual model's prediction moved 0.02 dB under another
-    # window's actions). Saved with every checkpoint; all four stages agree.
+    # window's actions; with this input too, on the CPU, still nothing: off). Saved with every
+    # checkpoint; all four stages agree.
     action_step: bool = False
 
     def __post_init__(self) -> None:
