@@ -63,6 +63,19 @@ trap 'rm -rf "$logs"; kill $(jobs -p) 2>/dev/null' EXIT
 declare -A name_of=() start_of=()
 status=0; failed=(); running=0; n=0; started=$SECONDS
 
+run_group() {  # one group's pytest in the environment it belongs to (its header first);
+  # a second argument "exec": pytest replaces the background shell (a kill then reaches it)
+  local paths env py
+  # shellcheck disable=SC2206
+  paths=($1)
+  if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; env=wm; else py=.venv/train/bin/python; env=train; fi
+  echo "== $env: ${paths[*]}"
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" ${2:-} "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
+}
+record() {  # record a group's exit status (5: nothing collected)
+  if [ "$1" -ne 0 ] && [ "$1" -ne 5 ]; then status=1; failed+=("$2"); fi
+}
+
 pending=()  # pids still running, oldest first
 finish_one() {  # wait for a group to end, print its output, record its result
   local pid rc rest=() p
@@ -75,34 +88,20 @@ finish_one() {  # wait for a group to end, print its output, record its result
   pending=(${rest[@]+"${rest[@]}"}); running=$((running - 1))
   cat "$logs/$pid.log"
   echo "   (${name_of[$pid]}: $(( $(date +%s) - start_of[$pid] )) s)"
-  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${name_of[$pid]}"); fi  # 5: nothing collected
+  record $rc "${name_of[$pid]}"
 }
 
-if [ "$jobs" -eq 1 ]; then  # one at a time: stream each group's output as it runs
-  for g in "${ordered[@]}"; do
-    # shellcheck disable=SC2206
-    paths=($g)
-    if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; else py=.venv/train/bin/python; fi
-    echo "== $( is_wm "${paths[0]}" && echo wm || echo train ): ${paths[*]}"
-    "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
-    rc=$?
-    if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; failed+=("${paths[*]}"); fi  # 5: nothing collected
-  done
-  ordered=()
-fi
 for g in "${ordered[@]}"; do
+  if [ "$jobs" -eq 1 ]; then  # one at a time: each group's output streams as it runs
+    run_group "$g"; record $? "$g"
+    continue
+  fi
   [ $running -lt "$jobs" ] || finish_one
-  # shellcheck disable=SC2206
-  paths=($g)
-  if is_wm "${paths[0]}"; then py=.venv/wm/bin/python; env=wm; else py=.venv/train/bin/python; env=train; fi
-  [ "$jobs" -gt 1 ] && echo "-- started $env: ${paths[*]}"
+  echo "-- started $g"
   n=$((n + 1))
-  (
-    echo "== $env: ${paths[*]}"
-    OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" exec "$py" -m pytest -q ${opts[@]+"${opts[@]}"} "${paths[@]}"
-  ) > "$logs/$n.log" 2>&1 &
+  run_group "$g" exec > "$logs/$n.log" 2>&1 &
   pid=$!; ln -s "$n.log" "$logs/$pid.log"
-  name_of[$pid]="${paths[*]}"; start_of[$pid]=$(date +%s); pending+=("$pid"); running=$((running + 1))
+  name_of[$pid]="$g"; start_of[$pid]=$(date +%s); pending+=("$pid"); running=$((running + 1))
 done
 while [ $running -gt 0 ]; do finish_one; done
 echo "test groups took $(( SECONDS - started )) s, $jobs at a time (TEST_JOBS=N to change)"
