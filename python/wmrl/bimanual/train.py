@@ -628,22 +628,21 @@ def next_frame_scores(gen, real, copy, valid, gen_control=None) -> dict[str, flo
     from wmrl.bimanual.model import psnr
     from wmrl.worldmodel.fidelity import ssim
 
-    def mse(a):
-        return (((a - real) / 2) ** 2).flatten(2).mean(-1)[valid]
+    def pooled(a):  # the PSNR of the valid frames' mean squared error
+        mse = (((a - real) / 2) ** 2).flatten(2).mean(-1)[valid]
+        return float(10 * torch.log10(1 / mse.mean().clamp(min=1e-10)))
 
     def ssim_of(a):
         return ssim(a[valid].float(), real[valid].float())
 
     pm, pc = psnr(gen, real)[valid], psnr(copy, real)[valid]
     out = {"psnr_model_db": float(pm.mean()), "psnr_copy_last_db": float(pc.mean()),
-           "psnr_model_pooled_db": float(10 * torch.log10(1 / mse(gen).mean().clamp(min=1e-10))),
-           "psnr_copy_last_pooled_db": float(10 * torch.log10(1 / mse(copy).mean().clamp(min=1e-10))),
+           "psnr_model_pooled_db": pooled(gen), "psnr_copy_last_pooled_db": pooled(copy),
            "ssim_model": float(ssim_of(gen).mean()), "ssim_copy_last": float(ssim_of(copy).mean()),
            "frames_better_than_copy_last": float((pm > pc + 1e-6).float().mean())}
     if gen_control is not None:
         out["psnr_model_other_actions_db"] = float(psnr(gen_control, real)[valid].mean())
-        out["psnr_model_other_actions_pooled_db"] = float(
-            10 * torch.log10(1 / mse(gen_control).mean().clamp(min=1e-10)))
+        out["psnr_model_other_actions_pooled_db"] = pooled(gen_control)
     return out
 
 

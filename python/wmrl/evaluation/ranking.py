@@ -293,22 +293,20 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
     finally:
         pool.close()
     real_rates = [r["real"]["success_rate"] for r in rows]
-    rho = spearman([r["imagined"]["success_rate"] for r in rows], real_rates)
-    by_guidance = {}
-    if len(scales) > 1:
-        for w in map(str, scales):
-            rho_w = spearman([r["imagined_by_guidance"][w]["success_rate"] for r in rows], real_rates)
-            by_guidance[w] = None if rho_w is None else round(rho_w, 4)
-    by_rule = {}
-    if traces:
-        for k in ("1", "2", "3"):
-            rho_k = spearman([r["imagined"]["success_rate_by_success_chunks"][k] for r in rows], real_rates)
-            by_rule[k] = None if rho_k is None else round(rho_k, 4)
+
+    def rho(imagined_rates):  # Spearman against the real success rates, rounded
+        value = spearman(imagined_rates, real_rates)
+        return None if value is None else round(value, 4)
+
+    by_guidance = {w: rho([r["imagined_by_guidance"][w]["success_rate"] for r in rows])
+                   for w in map(str, scales)} if len(scales) > 1 else {}
+    by_rule = {k: rho([r["imagined"]["success_rate_by_success_chunks"][k] for r in rows])
+               for k in ("1", "2", "3")} if traces else {}
     imag_s = sum(x["seconds"] for r in rows for x in r.get("imagined_by_guidance", {"": r["imagined"]}).values())
     real_s = sum(r["real"]["seconds"] for r in rows)
     return {"pair": str(pair), "manifest": str(manifest), "keyframes": keyframes,
             "tasks": list(tasks), "trials_per_keyframe": trials, "real_trials_per_task": real_trials, "seed": seed,
-            "policies": rows, "spearman": None if rho is None else round(rho, 4),
+            "policies": rows, "spearman": rho([r["imagined"]["success_rate"] for r in rows]),
             "guidance": scales[0], **({"spearman_by_guidance": by_guidance} if by_guidance else {}),
             "success_chunks": success_chunks, **({"spearman_by_success_chunks": by_rule} if by_rule else {}),
             "cost": {"imagined_seconds": round(imag_s, 2), "real_seconds": round(real_s, 2),

@@ -216,12 +216,11 @@ def first_success(trace: list[float], threshold: float, success_chunks: int) -> 
     """The chunk (0-based) where ``success_chunks`` chunks in a row at ``threshold`` begin in a
     reward trace (``Outcome.reward_trace``; NaN: not imagined), or None: ImaginedEnv's rule, read
     offline, so one traced rollout judges every rule."""
-    run = 0
-    for t, p in enumerate(trace):
-        run = run + 1 if p == p and p >= threshold else 0
-        if run == success_chunks:
-            return t - success_chunks + 1
-    return None
+    from wmrl.worldmodel.fidelity import in_a_row
+
+    hit = torch.tensor([[p == p and p >= threshold for p in trace]])  # NaN never clears it
+    starts = torch.nonzero(in_a_row(hit, success_chunks)[0]).flatten()
+    return int(starts[0]) if len(starts) else None
 
 
 class ImaginedEnv:
