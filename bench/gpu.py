@@ -53,6 +53,7 @@ returns only a few files).
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
+                               [OVERRIDES="model.action_tokens=true model.time_shift=10"]
                                (ITERS2: Stages 2-3, export, student vs teacher quality and frames/s)
     python3 bench/gpu.py grpo GRPO_RUN=runs/h200/grpo_b TAG=_b WORKERS_PER_RUN=8 ... BACKGROUND=1
                                                   # a second set of GRPO runs beside the first (A/B)
@@ -481,14 +482,15 @@ def phase_cycle(v: dict, env: dict) -> None:
 def phase_bimanual(v: dict, env: dict) -> None:
     run, bundle = v.get("RUN", "runs/h200"), v.get("BUNDLE", ".offline/aloha_bundle")
     i0, i1 = v.get("ITERS0", "2000"), v.get("ITERS1", "1000")
+    ov = shlex.split(v.get("OVERRIDES", ""))  # [model] etc. for every stage's training (roots record them)
     env = {**env, "BIMANUAL_BUNDLE": bundle, "BIMANUAL_OUTPUT_ROOT": f"{run}/bimanual"}
     stage("bimanual_validate", "bimanual.py", ["validate", bundle, "--no-preview"], env)
     stage("stage0", "bimanual.py", ["train", "--stage", "0", "--config", "data/configs/stage0_bidir.toml", "--no-progress",
-                                    f"trainer.max_iter={i0}", "checkpoint.save_iter=500"], env)
+                                    f"trainer.max_iter={i0}", "checkpoint.save_iter=500", *ov], env)
     root0 = f"{run}/bimanual/bimanual_stage0/checkpoints/iter_{int(i0):09d}"
     stage("stage1", "bimanual.py", ["train", "--stage", "1", "--config", "data/configs/stage1_tf.toml", "--no-progress",
-                                    f"checkpoint.load_path={root0}", f"trainer.max_iter={i1}", "checkpoint.save_iter=500"],
-          env)
+                                    f"checkpoint.load_path={root0}", f"trainer.max_iter={i1}", "checkpoint.save_iter=500",
+                                    *ov], env)
     root1 = f"{run}/bimanual/bimanual_stage1/checkpoints/iter_{int(i1):09d}"
     stage("stage1_eval", "bimanual.py", ["evaluate", "--config", "data/configs/stage1_tf.toml", "--checkpoint", root1,
                                          f"checkpoint.load_path={root0}", "--out", OUT / "stage1_eval.json"], env)
@@ -496,11 +498,11 @@ def phase_bimanual(v: dict, env: dict) -> None:
         i2, i3 = v["ITERS2"], v.get("ITERS3", "300")
         stage("stage2", "bimanual.py", ["train", "--stage", "2", "--config", "data/configs/stage2_tfdcm.toml",
                                         "--no-progress", f"checkpoint.load_path={root1}", f"trainer.max_iter={i2}",
-                                        f"checkpoint.save_iter={i2}"], env)
+                                        f"checkpoint.save_iter={i2}", *ov], env)
         root2 = f"{run}/bimanual/bimanual_stage2/checkpoints/iter_{int(i2):09d}"
         stage("stage3", "bimanual.py", ["train", "--stage", "3", "--config", "data/configs/stage3_sfdmd.toml",
                                         "--no-progress", f"checkpoint.load_path={root2}", f"checkpoint.reference={root0}",
-                                        f"trainer.max_iter={i3}", f"checkpoint.save_iter={i3}"], env)
+                                        f"trainer.max_iter={i3}", f"checkpoint.save_iter={i3}", *ov], env)
         root3 = f"{run}/bimanual/bimanual_stage3/checkpoints/iter_{int(i3):09d}"
         student = f"{run}/bimanual/student"
         stage("export", "bimanual.py", ["export", "--checkpoint", root3, "--config", "data/configs/stage3_sfdmd.toml",

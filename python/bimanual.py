@@ -120,11 +120,21 @@ def cmd_train(a) -> int:
 
 def _root_config(a, root: str):
     """The stage config for reading an existing root: its parent and reference are not read
-    again, so the ones the root recorded fill what the command line leaves out."""
+    again, so the ones the root recorded fill what the command line leaves out; so does its
+    [model] (residual, action tokens, time shift...: the weights mean what they were trained as)."""
+    import dataclasses
+    import json
+
+    from wmrl.bimanual.config import ModelConfig
     from wmrl.bimanual.train import read_root
 
     meta = read_root(Path(root))
     given = {o.split("=", 1)[0] for o in a.overrides}
+    recorded = (meta.get("config") or {}).get("model") or meta.get("model") or {}
+    if recorded:  # a key the root predates has the value it was trained with: the default then
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        model = {k: recorded.get(k, v) for k, v in defaults.items()}
+        a.overrides = [*a.overrides, *(f"model.{k}={json.dumps(v)}" for k, v in model.items() if f"model.{k}" not in given)]
     if "checkpoint.load_path" not in given:
         a.overrides = [*a.overrides, f"checkpoint.load_path={meta.get('parent') or root}"]
     if "checkpoint.reference" not in given and meta.get("reference"):

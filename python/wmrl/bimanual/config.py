@@ -27,7 +27,7 @@ PARENT_STAGE = {1: 0, 2: 1, 3: 2}
 REFERENCE_STAGE = 0  # Stage 3's real score and critic start from this stage's EMA (checkpoint.reference)
 DISTILL_STAGES = (2, 3)
 # what may differ between a stage and its parent without changing a single weight
-NON_ARCH_MODEL_KEYS = ("denoise_steps",)
+NON_ARCH_MODEL_KEYS = ("denoise_steps", "time_shift")
 
 
 # The bundle's settings (``BundleConfig``) live in the kit's one registry: ``wmrl.config``,
@@ -90,12 +90,32 @@ class ModelConfig:
     # window's actions; with this input too, on the CPU, still nothing: off). Saved with every
     # checkpoint; all four stages agree.
     action_step: bool = False
+    # Shift the flow's noise levels towards pure noise, t' = s t / (1 + (s - 1) t), in training
+    # and in the Euler steps (SD3's and Wan's timestep shift). Consecutive frames differ by a
+    # few pixels, so a half-noised frame still shows where the arm went and the model learns to
+    # denoise instead of reading the actions; only near pure noise do the actions decide. 1: off.
+    time_shift: float = 1.0
+    # Also give each frame its action as one more token that the frame's patches attend to (as
+    # video world models put actions in the sequence), besides the adaLN modulation: a patch
+    # can then ask the action where to move, instead of every patch getting the same
+    # scale and shift. Saved with every checkpoint; all four stages agree.
+    action_tokens: bool = False
+    # With ``residual``: add a linear map of the frame's action features to its pixels to the
+    # anchor (zero at the start). A ridge regression from the actions to the frame's change
+    # beats copy-last by 0.5 dB pooled on the 200-episode bundle, while the tiny DiT, with
+    # or without action tokens, stays at copy-last (bench/bimanual_action_probe.py,
+    # bench/RESULTS.md): this path gives the network that much from its first steps.
+    action_readout: bool = False
 
     def __post_init__(self) -> None:
         if self.width % self.heads:
             raise ConfigError(f"model.width={self.width} must be divisible by model.heads={self.heads}")
         if self.patch < 1 or self.depth < 1 or self.block_frames < 1 or self.denoise_steps < 1:
             raise ConfigError("model.patch, depth, block_frames and denoise_steps must be >= 1")
+        if self.action_readout and not self.residual:
+            raise ConfigError("model.action_readout=true adds the actions' change to the residual anchor; set model.residual=true")
+        if not self.time_shift > 0:
+            raise ConfigError(f"model.time_shift={self.time_shift} must be > 0 (1 = no shift; 3 puts the median noise at 0.75)")
 
 
 @dataclass(frozen=True)

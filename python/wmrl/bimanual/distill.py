@@ -64,7 +64,7 @@ def plan(cfg: StageConfig, parent: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"schedule": list(d.schedule)}
     if stage == 2:
         load["teacher"] = f"{start_weights(parent)} of the same Stage 1 root, frozen"
-        info["consistency_grid"] = len(consistency_grid(d.schedule, d.teacher_steps))
+        info["consistency_grid"] = len(consistency_grid(d.schedule, d.teacher_steps, cfg.model.time_shift))
         info["target"] = "the EMA student (ema.beta) one teacher ODE step earlier"
         restores = ["teacher"]
     else:
@@ -90,10 +90,14 @@ def plan(cfg: StageConfig, parent: dict[str, Any]) -> dict[str, Any]:
     return {"load": load, "distill": info, "restores": restores}
 
 
-def consistency_grid(schedule, teacher_steps: int) -> list[float]:
-    """Ascending levels 0 = g_0 < ... < g_N = 1: the teacher's uniform Euler grid plus the
-    schedule's levels, so the student is trained at exactly the levels it samples at."""
-    return sorted({round(k / teacher_steps, 6) for k in range(teacher_steps + 1)} | {round(float(x), 6) for x in schedule})
+def consistency_grid(schedule, teacher_steps: int, shift: float = 1.0) -> list[float]:
+    """Ascending levels 0 = g_0 < ... < g_N = 1: the teacher's Euler grid (uniform, moved by
+    ``model.time_shift`` as its sampler is) plus the schedule's levels, so the student is
+    trained at exactly the levels it samples at."""
+    from wmrl.bimanual.model import shift_t
+
+    teacher = {round(shift_t(k / teacher_steps, shift), 6) for k in range(teacher_steps + 1)}
+    return sorted(teacher | {round(float(x), 6) for x in schedule})
 
 
 # ----------------------------------------------------------------------------- the losses
@@ -347,7 +351,7 @@ def init_distill(cfg: StageConfig) -> DistillState:
         meta.update(reference=str(Path(ref).resolve()), reference_checkpoint_sha256=sha256_file(Path(ref) / "checkpoint.json"),
                     update_cycle={"student_every": d.student_every, "student_updates_per_cycle": 1,
                                   "critic_updates_per_cycle": d.student_every - 1})
-    grid = torch.tensor(consistency_grid(d.schedule, d.teacher_steps), device=device) if stage == 2 else None
+    grid = torch.tensor(consistency_grid(d.schedule, d.teacher_steps, cfg.model.time_shift), device=device) if stage == 2 else None
     summary: dict[str, Any] = {"run_dir": str(cfg.run_dir), "start_iteration": start, "resumed": resume,
                                "ema_copies": ema.copies, "backend": "plain", "world_size": 1, "rank": 0}
     amp = device.type == "cuda" and cfg.trainer.precision == "bf16"

@@ -7,9 +7,14 @@ as in DiT) by one conditioning vector per frame::
     c_f = time(t_f) + caption + action_modulation(action_encoder(a_f, mask_f) + domain_embedding(d))
 
 where ``a_f`` is the (normalised, padded) action of the transition that *leads to* frame f
-(frame 0 has none). ``action_encoder``, ``domain_embedding`` and ``action_modulation`` are the
-three action modules that a base checkpoint does not have (Stage 0 starts them fresh);
-``action_modulation`` starts at zero so a loaded base model is unchanged at step 0.
+(frame 0 has none). With ``model.action_tokens`` the frame also gets
+``action_token(action_encoder(...) + domain_embedding(d))`` as one more token after its
+patches, which they attend to (it is dropped from the output); with ``model.action_readout``
+a linear map of the action features to pixels is added to the residual anchor.
+``action_encoder``, ``domain_embedding``, ``action_modulation`` (and ``action_token``,
+``action_readout``) are the action modules that
+a base checkpoint does not have (Stage 0 starts them fresh); ``action_modulation`` starts at
+zero so a loaded base model is unchanged at step 0.
 
 Objective: flow matching (rectified flow), ``x_t = (1 - t) x_0 + t eps`` with velocity
 ``v = eps - x_0``. The network predicts the clean frame ``x_0`` and the loss is taken on the
@@ -17,6 +22,7 @@ implied velocity ``(x_t - x_0_hat) / t`` (x-prediction, v-loss). In pixel space 
 patches a token is narrower than its patch (8x8x3 = 192 values): predicting noise or
 velocity through that bottleneck leaves noise in every sample, predicting the smooth clean
 frame does not. Generation integrates t from 1 to 0 with Euler steps on the implied velocity.
+``model.time_shift`` moves the training times and the Euler steps towards t = 1 (SD3, Wan).
 With ``model.residual`` the clean-frame prediction is an *anchor*, the last clean frame before
 the frame's block (frame 0 in Stage 0's bidirectional mode), plus the network's output: the
 output layer starts at zero, so training starts from copying the last frame.
@@ -50,7 +56,7 @@ from torch import nn
 from wmrl.bimanual import contract
 from wmrl.bimanual.config import ModelConfig
 
-NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation")
+NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation", "action_token", "action_readout")
 NUM_DOMAINS = 8  # embedding rows; the bundle's domain IDs must be below this
 T_MIN = 0.05  # the implied velocity divides by t; clamp it (x-prediction, as in JiT)
 
@@ -100,21 +106,27 @@ class VideoWorldModel(nn.Module):
         self.cfg, self.image_size = cfg, image_size
         w, p = cfg.width, cfg.patch
         self.grid = image_size // p
-        self.tokens_per_frame = self.grid**2
+        self.patches_per_frame = self.grid**2
+        self.tokens_per_frame = self.patches_per_frame + int(cfg.action_tokens)  # the action's token last
         self.patch_embed = nn.Linear(3 * p * p, w)
-        self.spatial_pos = nn.Parameter(torch.randn(1, self.tokens_per_frame, w) * 0.02)
+        self.spatial_pos = nn.Parameter(torch.randn(1, self.patches_per_frame, w) * 0.02)
         self.temporal_pos = nn.Embedding(cfg.max_frames, w)
         nn.init.normal_(self.temporal_pos.weight, std=0.02)
         self.time_embed = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
         self.caption_embed = nn.Embedding(vocab_size, cfg.caption_dim)
         self.caption_proj = nn.Linear(cfg.caption_dim, w)
-        # the three new action modules (absent from a base checkpoint)
+        # the new action modules (absent from a base checkpoint)
         per_frame = 2 * action_dim if cfg.action_step else action_dim  # the command (and its step)
         self.action_encoder = nn.Sequential(nn.Linear(2 * per_frame, w), nn.SiLU(), nn.Linear(w, w))
         self.domain_embedding = nn.Embedding(NUM_DOMAINS, w)
         self.action_modulation = nn.Linear(w, w)
         nn.init.zeros_(self.action_modulation.weight)
         nn.init.zeros_(self.action_modulation.bias)
+        self.action_token = nn.Linear(w, w) if cfg.action_tokens else None
+        self.action_readout = nn.Linear(2 * per_frame, 3 * image_size**2) if cfg.action_readout else None
+        if self.action_readout is not None:
+            nn.init.zeros_(self.action_readout.weight)
+            nn.init.zeros_(self.action_readout.bias)
         self.blocks = nn.ModuleList(Block(w, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
         self.final_norm = nn.LayerNorm(w, elementwise_affine=False, eps=1e-6)
         self.final_ada = nn.Linear(w, 2 * w)
@@ -150,9 +162,12 @@ class VideoWorldModel(nn.Module):
         block, to which the network's output is added."""
         b, s = frames.shape[:2]
         n = self.tokens_per_frame
-        x = self.patch_embed(self.patchify(frames)).view(b, s, n, -1)
-        x = x + self.spatial_pos[:, None] + self.temporal_pos(frame_idx)[None, :, None]
-        a = self.action_encoder(torch.cat([act * amask, amask.float()], -1)) + self.domain_embedding(domain)[:, None]
+        x = self.patch_embed(self.patchify(frames)).view(b, s, self.patches_per_frame, -1) + self.spatial_pos[:, None]
+        feats = torch.cat([act * amask, amask.float()], -1)
+        a = self.action_encoder(feats) + self.domain_embedding(domain)[:, None]
+        if self.action_token is not None:
+            x = torch.cat([x, self.action_token(a)[:, :, None]], 2)
+        x = x + self.temporal_pos(frame_idx)[None, :, None]
         c = self.time_embed(timestep_embedding(t, self.cfg.width)) + cap_vec[:, None] + self.action_modulation(a)
         x = x.reshape(b, s * n, -1)
         c = c[:, :, None].expand(b, s, n, c.shape[-1]).reshape(b, s * n, -1)
@@ -160,8 +175,13 @@ class VideoWorldModel(nn.Module):
         for blk, kv in zip(self.blocks, caches):
             x = blk(x, c, mask, kv, append)
         sh, sc = self.final_ada(F.silu(c)).chunk(2, -1)
-        out = self.unpatchify(self.out(modulate(self.final_norm(x), sh, sc)), s)
-        return out if anchor is None else anchor + out
+        out = self.out(modulate(self.final_norm(x), sh, sc)).view(b, s, n, -1)[:, :, : self.patches_per_frame]
+        out = self.unpatchify(out.reshape(b, s * self.patches_per_frame, -1), s)
+        if anchor is None:
+            return out
+        if self.action_readout is not None:
+            anchor = anchor + self.action_readout(feats).view_as(out)
+        return anchor + out
 
     def block_anchor(self, last: torch.Tensor, s: int) -> torch.Tensor | None:
         """The anchor of a block of ``s`` frames generated after the clean frame ``last``
@@ -260,7 +280,7 @@ class VideoWorldModel(nn.Module):
         b, s = act.shape[0], len(frame_idx)
         anchor = self.block_anchor(last, s)
         x = torch.randn(b, s, 3, self.image_size, self.image_size, device=act.device, generator=generator)
-        ts = torch.linspace(1.0, 0.0, steps + 1, device=act.device)
+        ts = shift_t(torch.linspace(1.0, 0.0, steps + 1, device=act.device), self.cfg.time_shift)
         for i in range(steps):
             x0 = self._forward(x, frame_idx, ts[i].expand(b, s), act, am, domain, cap_vec, None, cache, append=False,
                                anchor=anchor)
@@ -328,9 +348,14 @@ class VideoWorldModel(nn.Module):
         return torch.cat(out, 1)
 
 
-def sample_t(shape, generator=None, device=None) -> torch.Tensor:
-    """Logit-normal times (SD3): more weight on the middle of the path."""
-    return torch.sigmoid(torch.randn(shape, generator=generator, device=device))
+def shift_t(t, shift: float):
+    """Move noise levels (a tensor or a float) towards 1 (``model.time_shift``); 0 and 1 stay."""
+    return t if shift == 1 else shift * t / (1 + (shift - 1) * t)
+
+
+def sample_t(shape, generator=None, device=None, shift: float = 1.0) -> torch.Tensor:
+    """Logit-normal times (SD3): more weight on the middle of the path, then shifted."""
+    return shift_t(torch.sigmoid(torch.randn(shape, generator=generator, device=device)), shift)
 
 
 def flow_loss(model: VideoWorldModel, batch, mode: str, generator=None) -> tuple[torch.Tensor, dict]:
@@ -340,11 +365,11 @@ def flow_loss(model: VideoWorldModel, batch, mode: str, generator=None) -> tuple
     dev = x0.device
     eps = torch.randn(x0.shape, generator=generator, device=dev)
     if mode == "bidirectional":  # one time per sample for all target frames; frame 0 clean
-        t = sample_t((b, 1), generator, dev).expand(b, f).clone()
+        t = sample_t((b, 1), generator, dev, model.cfg.time_shift).expand(b, f).clone()
         t[:, 0] = 0
     elif mode == "teacher_forcing":  # independent time per block
         blocks = model.frame_block(torch.arange(f, device=dev))
-        tb = sample_t((b, int(blocks.max()) + 1), generator, dev)
+        tb = sample_t((b, int(blocks.max()) + 1), generator, dev, model.cfg.time_shift)
         t = tb[:, blocks]
         t[:, 0] = 0
     else:

@@ -23,7 +23,7 @@ so a killed run leaves no half-written root a later stage could bind to.
 
 Start points:
 
-- Stage 0 from a *base checkpoint* (``bimanual.py base``) or fresh weights. The three new
+- Stage 0 from a *base checkpoint* (``bimanual.py base``) or fresh weights. The new
   action modules and ``net_ema.`` are not loaded from the base; every other weight loads
   strictly (missing or unexpected keys are errors). The built-in EMA step then copies the
   loaded/fresh weights into the EMA once.
@@ -195,7 +195,8 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
 
 
 def _new_modules() -> tuple[str, ...]:
-    return ("action_encoder", "domain_embedding", "action_modulation")  # = model.NEW_ACTION_MODULES
+    return ("action_encoder", "domain_embedding", "action_modulation", "action_token",
+            "action_readout")  # = model.NEW_ACTION_MODULES
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -46,3 +46,18 @@ def test_bad_inputs_fail_with_one_line(tmp_path, bundle_dir):
     r = cli("train", "--stage", "3", "--config", "data/configs/stage3_sfdmd.toml", "--dry-run",
             env={"BIMANUAL_BUNDLE": str(bundle_dir), "BIMANUAL_STAGE2_CHECKPOINT": str(tmp_path)})
     assert r.returncode == 2 and "stage 3 needs checkpoint.reference" in r.stderr
+
+
+def test_evaluate_reads_a_root_with_the_model_it_was_trained_as(stage_cfg, bundle_dir, tmp_path):
+    """A root trained with action tokens and a time shift evaluates from the stage TOML alone:
+    its recorded [model] fills what the command line leaves out."""
+    from wmrl.bimanual.train import train
+
+    arch = ("model.action_tokens=true", "model.time_shift=3")
+    s0 = train(stage_cfg(0, "job.name=t0", "trainer.max_iter=2", "checkpoint.save_iter=2", *arch), progress=False)
+    s1 = train(stage_cfg(1, "job.name=t1", "trainer.max_iter=2", "checkpoint.save_iter=2",
+                         f"checkpoint.load_path={s0['checkpoint']}", *arch), progress=False)
+    r = cli("evaluate", "--config", "data/configs/stage1_tf.toml", "--profile", "tiny", "--checkpoint", s1["checkpoint"],
+            f"data.bundle={bundle_dir}", "--max-windows", "2", "--steps", "2", "--out", tmp_path / "ev.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "ev.json").read_text())["frames"] > 0

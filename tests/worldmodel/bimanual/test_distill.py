@@ -132,3 +132,11 @@ def test_distill_resume_is_bit_identical(chain, stage_cfg, stage, tmp_path):
         shutil.copytree(roots[0], other)
         with pytest.raises(TrainError, match="started from reference"):
             resolve(stage_cfg(3, "job.name=killed", f"checkpoint.load_path={roots[2]}", f"checkpoint.reference={other}"))
+
+
+def test_the_consistency_grid_follows_the_teachers_shifted_euler_steps():
+    from wmrl.bimanual.distill import consistency_grid
+
+    schedule = [1.0, 0.75, 0.5, 0.25]
+    assert consistency_grid(schedule, 4) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert consistency_grid(schedule, 4, shift=3.0) == [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]  # 3t / (1 + 2t) at 1/4, 1/2, 3/4

@@ -51,10 +51,12 @@ def test_short_window_is_padded_and_masked(bundle_dir):
     np.testing.assert_array_equal(s["video"][3], s["video"][2])
 
 
-def small_model(bundle_dir, block_frames=1, residual=False, perturb=True, action_step=False):
+def small_model(bundle_dir, block_frames=1, residual=False, perturb=True, action_step=False, action_tokens=False,
+                action_readout=False):
     torch.manual_seed(0)
     cfg = ModelConfig(patch=8, width=32, depth=2, heads=4, caption_dim=16, block_frames=block_frames, max_frames=16,
-                      residual=residual, action_step=action_step)
+                      residual=residual, action_step=action_step, action_tokens=action_tokens,
+                      action_readout=action_readout)
     m = VideoWorldModel(cfg, image_size=32, vocab_size=Bundle(bundle_dir).tokenizer().vocab_size)
     if perturb:
         with torch.no_grad():  # leave the zero-initialised gates: otherwise every output is 0
@@ -68,9 +70,10 @@ def batch(bundle_dir):
     return make_bimanual_local_dataloader(bundle_dir, stage=0, batch_size=2).next_batch()[0]
 
 
-@pytest.mark.parametrize("block_frames,residual", [(1, False), (2, False), (2, True)])
-def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames, residual):
-    m = small_model(bundle_dir, block_frames, residual)
+@pytest.mark.parametrize("block_frames,residual,extras", [(1, False, False), (2, False, False), (2, True, False),
+                                                           (2, True, True)])
+def test_kv_cache_reproduces_teacher_forcing(bundle_dir, batch, block_frames, residual, extras):
+    m = small_model(bundle_dir, block_frames, residual, action_tokens=extras, action_readout=extras)
     x0 = batch["video"]
     f = x0.shape[1]
     t = torch.rand(2, f)
@@ -192,3 +195,65 @@ def test_the_action_step_is_each_command_minus_the_last_and_reaches_the_kv_cache
                                    cache))
             m.push_clean(cache, x0[:, idx], idx, act[:, idx], am[:, idx], batch["domain_id"], cap)
     assert torch.allclose(v_tf, torch.cat(outs, 1), atol=1e-5)
+
+
+def test_action_tokens_carry_the_actions_to_the_patches(bundle_dir, batch):
+    """model.action_tokens: one more token per frame; with the adaLN path cut (action_modulation
+    zero, as at initialisation), the prediction still changes with the actions, and only through
+    that token."""
+    for tokens in (False, True):
+        m = small_model(bundle_dir, residual=True, action_tokens=tokens)
+        assert m.tokens_per_frame == m.patches_per_frame + tokens
+        with torch.no_grad():
+            m.action_modulation.weight.zero_()
+            m.action_modulation.bias.zero_()
+        x0 = batch["video"]
+        t = torch.full(x0.shape[:2], 0.5)
+        t[:, 0] = 0
+        noisy = torch.randn_like(x0)
+        other = dict(batch, actions=batch["actions"].flip(0))
+        with torch.no_grad():
+            moved = (m.forward_teacher_forcing(x0, noisy, t, batch) - m.forward_teacher_forcing(x0, noisy, t, other)).abs().max()
+        assert (moved > 0) == tokens  # exactly unchanged without the token
+
+
+def test_the_action_readout_starts_at_zero_and_moves_the_anchor_by_the_actions(bundle_dir, batch):
+    """model.action_readout: zero-initialised, so the model starts as without it; once trained it
+    adds a linear function of the frame's actions to its residual anchor."""
+    plain, ro = small_model(bundle_dir, residual=True), small_model(bundle_dir, residual=True, action_readout=True)
+    ro.load_state_dict(plain.state_dict(), strict=False)
+    for m in (plain, ro):  # the readout's zero start; adaLN's action path cut, so the readout is the only one
+        for p in (*m.action_modulation.parameters(), *(m.action_readout.parameters() if m.action_readout else ())):
+            torch.nn.init.zeros_(p)
+    x0 = batch["video"]
+    t = torch.full(x0.shape[:2], 0.5)
+    t[:, 0] = 0
+    noisy = torch.randn_like(x0)
+    with torch.no_grad():
+        torch.testing.assert_close(ro.forward_teacher_forcing(x0, noisy, t, batch), plain.forward_teacher_forcing(x0, noisy, t, batch))
+        ro.action_readout.weight.normal_(0, 0.05)
+        other = dict(batch, actions=batch["actions"].flip(0))
+        moved = ro.forward_teacher_forcing(x0, noisy, t, batch) - ro.forward_teacher_forcing(x0, noisy, t, other)
+        readout = ro.action_readout  # the whole difference is the readout's
+        act, am = ro.frame_actions(batch["actions"], batch["action_mask"])
+        act2, am2 = ro.frame_actions(other["actions"], other["action_mask"])
+        want = readout(torch.cat([act * am, am.float()], -1)) - readout(torch.cat([act2 * am2, am2.float()], -1))
+    assert moved.abs().max() > 1e-3
+    torch.testing.assert_close(moved.flatten(2), want[:, 1:], atol=1e-4, rtol=0)
+    from wmrl.bimanual.config import ConfigError
+    with pytest.raises(ConfigError, match="residual"):
+        ModelConfig(action_readout=True, residual=False)
+
+
+def test_time_shift_moves_training_and_sampling_noise_towards_one():
+    from wmrl.bimanual.config import ConfigError
+    from wmrl.bimanual.model import sample_t, shift_t
+
+    t = torch.tensor([0.0, 0.25, 0.5, 1.0])
+    torch.testing.assert_close(shift_t(t, 3.0), torch.tensor([0.0, 0.5, 0.75, 1.0]))
+    assert shift_t(t, 1.0) is t
+    g = torch.Generator().manual_seed(0)
+    plain, shifted = sample_t((20_000,), g), sample_t((20_000,), torch.Generator().manual_seed(0), shift=3.0)
+    assert plain.median() == pytest.approx(0.5, abs=0.02) and shifted.median() == pytest.approx(0.75, abs=0.02)
+    with pytest.raises(ConfigError, match="time_shift"):
+        ModelConfig(time_shift=0)
