@@ -85,10 +85,9 @@ class ModelConfig:
     residual: bool = False
     # Condition each frame also on its action's step: this transition's command minus the last
     # one's (masked where either is missing). The commands are absolute poses and joint targets;
-    # the frame's motion follows their change, which a small model does not derive by itself
-    # (bench/RESULTS.md: the tiny residual model's prediction moved 0.02 dB under another
-    # window's actions; with this input too, on the CPU, still nothing: off). Saved with every
-    # checkpoint; all four stages agree.
+    # the frame's motion follows their change (alone it moved nothing on the CPU; with
+    # ``action_readout`` it is part of the configuration that reads the actions, bench/RESULTS.md).
+    # Saved with every checkpoint; all four stages agree.
     action_step: bool = False
     # Shift the flow's noise levels towards pure noise, t' = s t / (1 + (s - 1) t), in training
     # and in the Euler steps (SD3's and Wan's timestep shift). Consecutive frames differ by a
@@ -98,13 +97,14 @@ class ModelConfig:
     # Also give each frame its action as one more token that the frame's patches attend to (as
     # video world models put actions in the sequence), besides the adaLN modulation: a patch
     # can then ask the action where to move, instead of every patch getting the same
-    # scale and shift. Saved with every checkpoint; all four stages agree.
+    # scale and shift (on the CPU it did not make the tiny model read them either: off). Saved
+    # with every checkpoint; all four stages agree.
     action_tokens: bool = False
     # With ``residual``: add a linear map of the frame's action features to its pixels to the
     # anchor (zero at the start). A ridge regression from the actions to the frame's change
     # beats copy-last by 0.5 dB pooled on the 200-episode bundle, while the tiny DiT, with
-    # or without action tokens, stays at copy-last (bench/bimanual_action_probe.py,
-    # bench/RESULTS.md): this path gives the network that much from its first steps.
+    # or without action tokens, stays at copy-last and ignores its actions; with this path it
+    # reads them and beats copy-last pooled (bench/bimanual_action_probe.py, bench/RESULTS.md).
     action_readout: bool = False
 
     def __post_init__(self) -> None:

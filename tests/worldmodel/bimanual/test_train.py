@@ -161,7 +161,8 @@ def test_stage1_from_stage0_and_wrong_parents(stage_cfg, tmp_path):
         resolve(stage_cfg(1, "job.name=x", f"checkpoint.load_path={base}"))
     # same shapes, other meaning: a residual Stage 0's weights predict changes, not frames
     with pytest.raises(TrainError, match="residual False vs True"):
-        resolve(stage_cfg(1, "job.name=x", f"checkpoint.load_path={root0}", "model.residual=false"))
+        resolve(stage_cfg(1, "job.name=x", f"checkpoint.load_path={root0}", "model.residual=false",
+                          "model.action_readout=false"))  # the readout needs the residual anchor
     # same run name, another parent: refuse instead of mixing
     other = train(stage_cfg(0, "job.name=s0b", "trainer.max_iter=1", "checkpoint.save_iter=1"), progress=False)
     with pytest.raises(TrainError, match="started from parent"):
