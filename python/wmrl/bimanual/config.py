@@ -113,7 +113,8 @@ class ModelConfig:
         if self.patch < 1 or self.depth < 1 or self.block_frames < 1 or self.denoise_steps < 1:
             raise ConfigError("model.patch, depth, block_frames and denoise_steps must be >= 1")
         if self.action_readout and not self.residual:
-            raise ConfigError("model.action_readout=true adds the actions' change to the residual anchor; set model.residual=true")
+            raise ConfigError("model.action_readout=true adds the actions' change to the residual anchor; "
+                              "set model.residual=true")
         if not self.time_shift > 0:
             raise ConfigError(f"model.time_shift={self.time_shift} must be > 0 (1 = no shift; 3 puts the median noise at 0.75)")
 

@@ -351,7 +351,8 @@ def init_distill(cfg: StageConfig) -> DistillState:
         meta.update(reference=str(Path(ref).resolve()), reference_checkpoint_sha256=sha256_file(Path(ref) / "checkpoint.json"),
                     update_cycle={"student_every": d.student_every, "student_updates_per_cycle": 1,
                                   "critic_updates_per_cycle": d.student_every - 1})
-    grid = torch.tensor(consistency_grid(d.schedule, d.teacher_steps, cfg.model.time_shift), device=device) if stage == 2 else None
+    grid = (torch.tensor(consistency_grid(d.schedule, d.teacher_steps, cfg.model.time_shift), device=device)
+            if stage == 2 else None)
     summary: dict[str, Any] = {"run_dir": str(cfg.run_dir), "start_iteration": start, "resumed": resume,
                                "ema_copies": ema.copies, "backend": "plain", "world_size": 1, "rank": 0}
     amp = device.type == "cuda" and cfg.trainer.precision == "bf16"

@@ -230,7 +230,8 @@ def test_the_action_readout_starts_at_zero_and_moves_the_anchor_by_the_actions(b
     t[:, 0] = 0
     noisy = torch.randn_like(x0)
     with torch.no_grad():
-        torch.testing.assert_close(ro.forward_teacher_forcing(x0, noisy, t, batch), plain.forward_teacher_forcing(x0, noisy, t, batch))
+        torch.testing.assert_close(ro.forward_teacher_forcing(x0, noisy, t, batch),
+                                   plain.forward_teacher_forcing(x0, noisy, t, batch))
         ro.action_readout.weight.normal_(0, 0.05)
         other = dict(batch, actions=batch["actions"].flip(0))
         moved = ro.forward_teacher_forcing(x0, noisy, t, batch) - ro.forward_teacher_forcing(x0, noisy, t, other)
