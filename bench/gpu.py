@@ -53,7 +53,7 @@ returns only a few files).
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
-                               [OVERRIDES="model.action_tokens=true model.time_shift=10"]
+                               [OVERRIDES="model.action_tokens=true model.width=512"]
                                (ITERS2: Stages 2-3, export, student vs teacher quality and frames/s)
     python3 bench/gpu.py grpo GRPO_RUN=runs/h200/grpo_b TAG=_b WORKERS_PER_RUN=8 ... BACKGROUND=1
                                                   # a second set of GRPO runs beside the first (A/B)

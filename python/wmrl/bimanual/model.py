@@ -12,9 +12,9 @@ where ``a_f`` is the (normalised, padded) action of the transition that *leads t
 patches, which they attend to (it is dropped from the output); with ``model.action_readout``
 a linear map of the action features to pixels is added to the residual anchor.
 ``action_encoder``, ``domain_embedding``, ``action_modulation`` (and ``action_token``,
-``action_readout``) are the action modules that
-a base checkpoint does not have (Stage 0 starts them fresh); ``action_modulation`` starts at
-zero so a loaded base model is unchanged at step 0.
+``action_readout``) are the action modules that a base checkpoint does not have (Stage 0
+starts them fresh); ``action_modulation`` and ``action_readout`` start at zero so a loaded
+base model is unchanged at step 0.
 
 Objective: flow matching (rectified flow), ``x_t = (1 - t) x_0 + t eps`` with velocity
 ``v = eps - x_0``. The network predicts the clean frame ``x_0`` and the loss is taken on the
