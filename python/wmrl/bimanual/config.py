@@ -26,6 +26,9 @@ REFERENCE_ITERS = {0: 35_000, 1: 8_000, 2: 4_000, 3: 1_500}
 PARENT_STAGE = {1: 0, 2: 1, 3: 2}
 REFERENCE_STAGE = 0  # Stage 3's real score and critic start from this stage's EMA (checkpoint.reference)
 DISTILL_STAGES = (2, 3)
+# the model's action modules, which a base checkpoint does not have (``wmrl.bimanual.model``);
+# here, without torch, so the JSON-only plan can name them
+NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation", "action_token", "action_readout")
 # what may differ between a stage and its parent without changing a single weight
 NON_ARCH_MODEL_KEYS = ("denoise_steps", "time_shift")
 

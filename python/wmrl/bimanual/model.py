@@ -54,9 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmrl.bimanual import contract
-from wmrl.bimanual.config import ModelConfig
-
-NEW_ACTION_MODULES = ("action_encoder", "domain_embedding", "action_modulation", "action_token", "action_readout")
+from wmrl.bimanual.config import NEW_ACTION_MODULES, ModelConfig  # noqa: F401 (NEW_ACTION_MODULES: the modules below)
 NUM_DOMAINS = 8  # embedding rows; the bundle's domain IDs must be below this
 T_MIN = 0.05  # the implied velocity divides by t; clamp it (x-prediction, as in JiT)
 

@@ -47,7 +47,8 @@ from typing import Any
 
 from wmrl import __version__, rng
 from wmrl.bimanual.bundle import Bundle, BundleError
-from wmrl.bimanual.config import DISTILL_STAGES, NON_ARCH_MODEL_KEYS, PARENT_STAGE, ModelConfig, StageConfig
+from wmrl.bimanual.config import (DISTILL_STAGES, NEW_ACTION_MODULES, NON_ARCH_MODEL_KEYS, PARENT_STAGE, ModelConfig,
+                                  StageConfig)
 from wmrl.device import pick_device
 from wmrl.ema import EMA
 from wmrl.fileio import atomic_path, hash_tree, read_json, sha256_file, write_json
@@ -182,7 +183,7 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
                  {"kind": "fresh" if parent is None else parent.get("kind"), "path": cfg.checkpoint.load_path or None,
                   "parent_stage": None if parent is None else parent.get("stage"),
                   "parent_iteration": None if parent is None else parent.get("iteration"),
-                  "skipped_keys": (["net_ema.", *[f"{m}." for m in _new_modules()]] if cfg.job.stage == 0 and parent else ["net_ema."]),
+                  "skipped_keys": (["net_ema.", *[f"{m}." for m in NEW_ACTION_MODULES]] if cfg.job.stage == 0 and parent else ["net_ema."]),
                   "strict": True}),
         "ema": {"enabled": cfg.ema.enabled, "beta": cfg.ema.beta,
                 "callback": "built-in copy_once (fresh start) / restore (resume); no second EMA callback"},
@@ -192,11 +193,6 @@ def resolve(cfg: StageConfig) -> dict[str, Any]:
                      "batch_size": cfg.data.batch_size},
         **({"distill": distill_plan["distill"]} if distill_plan else {}),
     }
-
-
-def _new_modules() -> tuple[str, ...]:
-    return ("action_encoder", "domain_embedding", "action_modulation", "action_token",
-            "action_readout")  # = model.NEW_ACTION_MODULES
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -436,9 +432,7 @@ def init_state(cfg: StageConfig) -> StageState:
     import torch
 
     from wmrl.bimanual.loader import make_bimanual_local_dataloader
-    from wmrl.bimanual.model import NEW_ACTION_MODULES
 
-    assert _new_modules() == NEW_ACTION_MODULES
     plan = resolve(cfg)
     use_ds = plan["parallelism"]["backend"] == "deepspeed"
     deepspeed = _init_deepspeed(cfg) if use_ds else None
@@ -594,8 +588,6 @@ def write_base(cfg: StageConfig, out: str | os.PathLike, *, from_root: str | Non
     ``from_root``: take the weights of an existing iteration root (its ``net``), otherwise
     fresh weights from ``trainer.seed``. The kit has no upstream base model to convert."""
     import torch
-
-    from wmrl.bimanual.model import NEW_ACTION_MODULES
 
     out = Path(out)
     if (out / "checkpoint.json").exists():
