@@ -351,3 +351,25 @@ def test_the_imagined_success_rule_reaches_grpo_only_when_asked(tmp_path):
     grpo = lambda **kw: next(s["command"] for s in plan(job(run, **kw)) if s["stage"] == "grpo")  # noqa: E731
     assert "--success-chunks" not in grpo()
     assert "--success-chunks 2" in grpo(cfg=CycleConfig(success_chunks=2))
+
+
+def test_a_rerun_with_other_grpo_steps_takes_them_until_grpo_began(tmp_path, calls, monkeypatch):
+    """The cycle's record keeps its GRPO target across reruns; a rerun that asks for another
+    number of steps before GRPO began gets it (not the recorded one), after that a clear refusal."""
+    run = new_run(tmp_path)
+    three = dataclasses.replace(get_config("cycle_tiny"), grpo_steps=3)
+    monkeypatch.setenv("FAKE_FAIL", "wm_reward")
+    with pytest.raises(CycleError, match="reward of cycle 1 failed"):
+        main(job(run))  # cycle_tiny: 2 steps, recorded before the failure
+    assert load_state(run)["cycles"]["1"]["grpo_to"] == 2
+    assert "--target 3" in next(s["command"] for s in plan(job(run, cfg=three)) if s["stage"] == "grpo")
+    assert load_state(run)["cycles"]["1"]["grpo_to"] == 2  # the plan wrote nothing
+    monkeypatch.setenv("FAKE_FAIL", "grpo")
+    with pytest.raises(CycleError, match="grpo of cycle 1 failed"):
+        main(job(run, cfg=three))
+    assert load_state(run)["cycles"]["1"]["grpo_to"] == 3
+    monkeypatch.delenv("FAKE_FAIL")
+    with pytest.raises(CycleError, match=r"began GRPO towards step 3 \(--grpo-steps 3\); rerun with that number"):
+        main(job(run))
+    main(job(run, cfg=three))
+    assert load_state(run)["cycles"]["1"]["lineage"]["policy_out"] == "3"

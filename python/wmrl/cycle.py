@@ -115,7 +115,7 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
     (``planning``: a dry run before the supervised policy exists names the one to come)."""
     key = str(n)
     if key in state["cycles"]:
-        return state["cycles"][key]
+        return follow_grpo_steps(job, state["cycles"][key], n, planning)
     layout = RunLayout(job.run)
     if n == 1:
         full = layout.policy_steps("policy", full=True)
@@ -142,6 +142,23 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
 
 
 # =========================================================================== the stages
+def follow_grpo_steps(job: CycleJob, rec: dict, n: int, planning: bool) -> dict:
+    """A rerun that asks for another number of GRPO steps: taken while the cycle's GRPO has not
+    begun (the recorded target would otherwise win silently), refused once it has."""
+    want = rec["grpo_from"] + job.cfg.grpo_steps
+    if rec.get("finished") or want == rec["grpo_to"]:
+        return rec
+    if rec["stages"].get("grpo", {}).get("attempts"):
+        raise CycleError(f"cycle {n} of {job.run} began GRPO towards step {rec['grpo_to']} "
+                         f"(--grpo-steps {rec['grpo_to'] - rec['grpo_from']}); rerun with that number to continue "
+                         "it, or start a new RUN")
+    if not planning:
+        print(f"[cycle {n}] GRPO to step {want}, not {rec['grpo_to']} as recorded: --grpo-steps "
+              f"{job.cfg.grpo_steps} given before this cycle's GRPO began", flush=True)
+    rec["grpo_to"] = want
+    return rec
+
+
 def start_evidence(run: Path, policy: str) -> Path:
     """Where the real evaluation of the policy a cycle starts from lives (``sft/N`` or a GRPO step)."""
     kind, _, step = policy.rpartition("/")
