@@ -247,11 +247,12 @@ package: setup
 	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \
 		$(if $(call yes,$(STUDENTS)),--students) $(OVER)
 
-# Few-step students of both world models (wmrl.worldmodel.distill); STEPS, VIEW, DRY_RUN=1. Then
+# Few-step students of both world models (wmrl.worldmodel.distill); STEPS, VIEW, DRY_RUN=1;
+# SF_STEPS=N adds N iterations of Stage 3 (self-forcing DMD) after them. Then
 # `make package STUDENTS=1 OVERWRITE=1` packs them as the pair GRPO imagines in.
 wm-distill: setup
 	$(WM_PY) python/wm_distill.py --profile $(PROFILE) --run $(RUN) $(call opt,--steps,$(STEPS)) \
-		$(call opt,--view,$(VIEW)) $(DRY)
+		$(call opt,--self-forcing-steps,$(SF_STEPS)) $(call opt,--view,$(VIEW)) $(DRY)
 
 wm-eval: setup
 	$(WM_PY) python/wm_eval.py --run $(RUN) $(DRY)

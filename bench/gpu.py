@@ -43,8 +43,9 @@ returns only a few files).
                                from the current frame with sigma_data S, ~W: moving pixels weigh 1 + W in the loss,
                                a final ^: the end effector now and after the chunk drawn as input channels;
                                each ends with its action response; bench/wm_probe.py)
-    python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 BATCHES=64,256]   (after wm: one-step students against
-                               their teachers: fidelity, imagined steps/s with the policy)
+    python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 SF_STEPS=600 BATCHES=64,256]   (after wm: one-step
+                               students against their teachers: fidelity, imagined steps/s with the policy;
+                               SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
@@ -389,7 +390,8 @@ def phase_distill(v: dict, env: dict) -> None:
     teacher's and the student's number of sampling steps."""
     run = v.get("RUN", "runs/h200")
     stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress",  # its own name: it chains after wm (STEPS)
-                                          *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else [])], env)
+                                          *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else []),
+                                          *(["--self-forcing-steps", v["SF_STEPS"]] if "SF_STEPS" in v else [])], env)
     students = f"{run}/model_pair_students"
     stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
     for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):

@@ -2,6 +2,7 @@
 
     python python/wm_distill.py --run runs/c1                   # both views, the profile's settings
     python python/wm_distill.py --profile tiny --run runs/t --steps 4
+    python python/wm_distill.py --run runs/c1 --self-forcing-steps 600  # then Stage 3 (SF-DMD) on its own frames
     make wm-distill RUN=runs/c1 [STEPS=1000] ; make package RUN=runs/c1 STUDENTS=1 OVERWRITE=1
 
 Reads RUN/train/selected_world_models.json (the teachers) and RUN/manifest.json, writes
@@ -56,6 +57,10 @@ def main(args, job) -> int:
               f"teacher on {r['transitions']} held-out transitions: PSNR to the real frame {r['student']['psnr']} vs "
               f"{r['teacher']['psnr']} dB, to the teacher's frame {r['student_vs_teacher_psnr']} dB; "
               f"{r['student']['frames_per_s']} vs {r['teacher']['frames_per_s']} frames/s ({r['speedup']}x)")
+        if "open_loop" in r:
+            o = r["open_loop"]
+            print(f"[distill {view}] on their own frames, {o['chunks']} chunks from {o['rollouts']} held-out starts: "
+                  f"PSNR {o['student_psnr']} (student) vs {o['teacher_psnr']} dB (teacher)")
     if len(result["selection"]) == len(VIEWS):
         print(f"[distill] students: {layout.student_selection} (make package RUN={job.run} STUDENTS=1 OVERWRITE=1)")
     return 0

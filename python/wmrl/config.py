@@ -535,7 +535,13 @@ class DistillConfig:
     Euler sample from a noise draw is the target of the student's ``student_steps`` from the same
     draw (Luhman & Luhman 2021, knowledge distillation of a sampler); the student starts as a
     copy of the teacher. Imagination then runs ``sample_steps / student_steps`` times fewer
-    network calls per frame."""
+    network calls per frame.
+
+    ``self_forcing_steps`` > 0 adds the four-stage recipe's Stage 3 after it (SF-DMD, as
+    ``wmrl.bimanual.distill`` does for the bimanual model): the student rolls out
+    ``rollout_chunks`` chunks on its own frames, and distribution matching against the frozen
+    teacher (real score) and a critic (fake score, from the teacher) moves its last frame; every
+    ``student_every``-th iteration updates the student, the others the critic."""
 
     steps: int = 1000  # updates per view
     batch: int = 64
@@ -545,13 +551,21 @@ class DistillConfig:
     log_interval: int = 25
     val_transitions: int = 256  # held-out transitions the report compares student and teacher on
     seed: int = 0
+    self_forcing_steps: int = 0  # Stage 3 (SF-DMD) iterations after the sampler distillation; 0: none
+    rollout_chunks: int = 3  # chunks of each self-forcing rollout (the last one carries the gradient)
+    student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
+    critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch", "student_steps", "save_interval", "log_interval"):
+        for name in ("steps", "batch", "student_steps", "save_interval", "log_interval", "rollout_chunks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"wm distillation: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.val_transitions < 0:
             raise ConfigError("wm distillation: lr > 0 and val_transitions >= 0")
+        if self.self_forcing_steps < 0 or self.student_every < 2 or self.critic_lr <= 0:
+            raise ConfigError(f"wm distillation: self_forcing_steps={self.self_forcing_steps} (>= 0), "
+                              f"student_every={self.student_every} (>= 2: one student update, the rest critic), "
+                              f"critic_lr={self.critic_lr} (> 0)")
 
 
 @dataclass(frozen=True)

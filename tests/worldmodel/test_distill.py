@@ -111,3 +111,71 @@ def test_students_pack_into_a_pair_that_imagines_in_one_step(trajectories, tmp_p
     assert {v: pair.meta["models"][v]["sample_steps"] for v in VIEWS} == {"main": 1, "wrist": 1}
     assert pair.meta["models"]["main"]["distilled_from"].endswith("main/global_step_4")
     assert FrameWorldModel.from_pretrained(pair.part("wrist")).cfg.sample_steps == 1
+
+
+SF = dataclasses.replace(CFG, steps=2, self_forcing_steps=6, student_every=3, rollout_chunks=2, log_interval=1,
+                         save_interval=1)
+
+
+def test_stage3_alternates_student_and_critic_on_the_students_own_rollouts(trajectories, tmp_path):
+    """Stage 3 after the sampler distillation: of every student_every iterations one updates
+    the student (DMD), the rest the critic; losses finite; the report adds the open loop."""
+    run = teacher_run(tmp_path / "run", trajectories)
+    out = main(DistillJob(run, SF, views=("wrist",), progress=False))
+    layout = RunLayout(run)
+    log = [json.loads(line) for line in (layout.logs / "wm_distill_wrist.jsonl").read_text().splitlines()]
+    sf = [r for r in log if r.get("phase") == "sf_dmd"]
+    assert [r["step"] for r in sf] == [3, 4, 5, 6, 7, 8]
+    assert [r["update"] for r in sf] == ["critic", "critic", "student"] * 2
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in sf)
+    student = lambda s: weights(layout.wm_student("wrist") / f"global_step_{s}")  # noqa: E731
+    moved = lambda a, b: any(not torch.equal(a[k], b[k]) for k in a if not k.startswith("proprio_head"))  # noqa: E731
+    assert not moved(student(3), student(4)) and moved(student(4), student(5))  # the student moves at its turn only
+    state = torch.load(layout.wm_student("wrist") / "state.pt", weights_only=True)
+    teacher = weights(layout.wm_view("wrist") / "global_step_4")
+    assert moved(teacher, state["critic"])  # the critic learned from the teacher's start
+    assert out["selection"]["wrist"]["self_forcing_steps"] == 6
+    ol = out["reports"]["wrist"]["open_loop"]
+    assert ol["chunks"] == 2 and ol["rollouts"] > 0 and ol["student_psnr"] > 0 and ol["teacher_psnr"] > 0
+
+
+def test_stage3_resumes_bit_for_bit_with_its_critic(trajectories, tmp_path):
+    straight = teacher_run(tmp_path / "straight", trajectories)
+    main(DistillJob(straight, SF, views=("main",), progress=False))
+    split = teacher_run(tmp_path / "split", trajectories)
+    main(DistillJob(split, dataclasses.replace(SF, self_forcing_steps=4), views=("main",), progress=False))  # killed
+    main(DistillJob(split, SF, views=("main",), progress=False))  # the same command again
+    a, b = (weights(RunLayout(r).wm_student("main") / "global_step_8") for r in (straight, split))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_rollout_feeds_the_model_its_own_frames(trajectories, tmp_path):
+    from wmrl.worldmodel.data import Transitions, load_split
+    from wmrl.worldmodel.distill import rollout, rollout_starts
+
+    run = teacher_run(tmp_path / "run", trajectories)
+    _, train, _ = load_split(RunLayout(run).manifest, TINY.main.chunk_size)
+    model = FrameWorldModel.from_pretrained(RunLayout(run).wm_view("wrist") / "global_step_4")
+    data = Transitions(train, model.cfg.context, "cpu", model.cfg.action_history)
+    starts = rollout_starts(data, 3)
+    assert len(starts) and all(int(data.previous[s + j]) == int(s) + j - 1 for s in starts for j in (1, 2))
+    idx, norm = starts[:3], model.proprio_stats
+    noises = torch.randn((2, 3, 3, 64, 64), generator=torch.Generator().manual_seed(0))
+    last, b = rollout(model, data, idx, "wrist", norm, noises, 2, torch.device("cpu"))
+    first = data.batch(idx, "wrist", True, norm)
+    x0 = model.sample(noises[0], first["frames"], first["actions"], first["proprio"], 2).clamp(-1, 1)
+    torch.testing.assert_close(model.current_frame(b["frames"]), x0)  # the second chunk starts on the first's frame
+    second = data.batch(idx + 1, "wrist", True, norm)
+    torch.testing.assert_close(b["frames"][:, -1], second["frames"][:, -1])  # and on the real main frame
+    torch.testing.assert_close(last, model.sample(noises[1], b["frames"], second["actions"], second["proprio"], 2))
+
+
+def test_stage3_bad_settings_are_refused(trajectories, tmp_path):
+    from wmrl.config import ConfigError, DistillConfig
+
+    with pytest.raises(ConfigError, match="student_every=1"):
+        DistillConfig(student_every=1)
+    run = teacher_run(tmp_path / "run", trajectories)
+    with pytest.raises(DistillError, match="lower --rollout-chunks"):
+        main(DistillJob(run, dataclasses.replace(SF, rollout_chunks=50), progress=False))
+    assert not RunLayout(run).wm_student("main").exists()

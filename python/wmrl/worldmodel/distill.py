@@ -8,16 +8,30 @@ copy of the teacher; real training transitions condition both (the wrist model s
 main view, as in its training). The loss is the mean squared error of the two frames in
 [-1, 1]. The proprio head is the teacher's, unchanged.
 
+With ``self_forcing_steps`` > 0 the student then goes through the four-stage recipe's Stage 3
+(SF-DMD, Self Forcing with DMD2's loss; ``wmrl.bimanual.distill`` does the same for the
+bimanual model). The sampler distillation above only ever conditions on real frames, while
+imagination feeds the model its own: here every rollout starts from a real transition and the
+student generates ``rollout_chunks`` chunks, each on the frames it generated before (self
+forcing; real actions, proprio and, for the wrist model, the real main frame). Its last frame is
+noised to a random level and denoised by the frozen teacher (the real score, with the teacher's
+action guidance) and by a critic (the fake score: a copy of the teacher that keeps learning,
+with the EDM loss, the student's own rollouts); the student's frame moves along the difference
+of the two, normalised by its distance to the teacher's estimate. Of every ``student_every``
+iterations one updates the student and the rest the critic, each with its own optimizer.
+
 Read top to bottom: ``load_teachers`` checks the inputs, ``distill_view`` is the loop for one
-view (resumed from ``state.pt`` if there is one), ``compare`` measures student against teacher
-on held-out transitions, ``main`` runs both views and writes the selection.
+view (resumed from ``state.pt`` if there is one), ``self_forcing`` its Stage 3 (``rollout``,
+``dmd_loss``), ``compare`` measures student against teacher on held-out transitions one chunk
+ahead and over a rollout, ``main`` runs both views and writes the selection.
 
 Files, ``V`` = main or wrist:
 
 * ``RUN/worldmodels/V_student/global_step_N/``  inference weights (``FrameWorldModel`` format; its
   config says ``sample_steps = student_steps``; the meta names the teacher and its hash);
-* ``RUN/worldmodels/V_student/state.pt``        optimizer and step (each step's batch and noise come
-  from a generator seeded by the step, so a rerun continues bit for bit);
+* ``RUN/worldmodels/V_student/state.pt``        optimizer and step, in Stage 3 the critic and its
+  optimizer too (each step's batch and noise come from generators seeded by the step, so a
+  rerun continues bit for bit);
 * ``RUN/worldmodels/V_student/report.json``     student vs teacher on held-out transitions;
 * ``RUN/train/selected_students.json``          both students (``make package STUDENTS=1`` packs them);
 * ``RUN/logs/wm_distill_V.jsonl``               loss per update.
@@ -118,7 +132,7 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
     log = MetricsLog(layout.logs / f"wm_distill_{view}.jsonl", tag=f"distill_{view}", start_step=step)
     shape = (3, student_cfg.image_size, student_cfg.image_size)
     norm = teacher.proprio_stats
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"distil {view}", disable=not job.progress)
+    bar = tqdm(total=cfg.steps + cfg.self_forcing_steps, initial=step, desc=f"distil {view}", disable=not job.progress)
     t0 = time.perf_counter()
     while step < cfg.steps:
         step += 1
@@ -141,29 +155,145 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
             t0 = time.perf_counter()
         if step % cfg.save_interval == 0 or step == cfg.steps:
             save(out, student, opt, step, teacher_info, cfg)
+    if cfg.self_forcing_steps:
+        step = self_forcing(job, view, student, teacher, opt, train, device, step, state, teacher_info, log, bar)
     bar.close()
     entry = {"weights": str(out / step_name(step)), "step": step, "reason": "finished",
-             "teacher": str(teacher_info["weights"]), "sample_steps": cfg.student_steps}
+             "teacher": str(teacher_info["weights"]), "sample_steps": cfg.student_steps,
+             "self_forcing_steps": max(0, step - cfg.steps)}
     return entry, student, teacher
 
 
-def save(out: Path, student, opt, step: int, teacher_info: dict, cfg: DistillConfig) -> None:
+def rollout(model, data, idx, view: str, norm: dict, noises, steps: int, device, grad: bool = False):
+    """The model's own rollout of ``len(noises)`` chunks from transitions ``idx``: the real
+    history at the start, then each chunk on the frames it generated before (real actions,
+    proprio and, for a wrist model, real main frame). Returns the last frame (with gradients
+    through its sampler when ``grad``) and the batch that conditioned it."""
+    cfg, hist = model.cfg, None
+    for j, noise in enumerate(noises):
+        b = data.batch(idx + j, view, cfg.condition_on_main, norm)
+        hist = list(b["frames"][:, :cfg.context].unbind(1)) if hist is None else hist
+        frames = torch.stack(hist[-cfg.context:], 1)
+        if cfg.condition_on_main:
+            frames = torch.cat([frames, b["frames"][:, cfg.context:]], 1)
+        last = j == len(noises) - 1
+        with torch.set_grad_enabled(grad and last), _autocast(device):
+            x = model.sample(noise.to(device), frames, b["actions"], b["proprio"], steps).float()
+        hist.append(x.clamp(-1, 1))
+    return x, {**b, "frames": frames}
+
+
+def rollout_starts(data, chunks: int):
+    """Transitions followed by ``chunks - 1`` more of the same episode: where a rollout can start."""
+    ok = torch.ones(data.size, dtype=torch.bool, device=data.previous.device)
+    ok[max(0, data.size - chunks + 1):] = False
+    for j in range(1, min(chunks, data.size)):
+        ok[: data.size - j] &= data.previous[j:] == torch.arange(j - 1, data.size - 1, device=ok.device)
+    return torch.nonzero(ok).flatten()
+
+
+def guided_denoise(model, noisy, sigma, b):
+    """The model's clean-frame estimate under its own action guidance (as its sampler uses it)."""
+    args = (b["frames"], b["actions"], b["proprio"])
+    w = model.guidance
+    if w == 1:
+        return model.denoise(noisy, sigma, *args).float()
+    n = noisy.shape[0]
+    both = model.denoise(torch.cat([noisy, noisy]), torch.cat([sigma, sigma]), *(torch.cat([t, t]) for t in args),
+                         no_actions=torch.arange(2 * n, device=noisy.device) >= n).float()
+    return both[n:] + w * (both[:n] - both[n:])
+
+
+def dmd_loss(x, b, teacher, critic, g: torch.Generator):
+    """Stage 3's student loss on frames ``x`` (with gradients): DMD2's distribution matching
+    between the teacher (real score) and the critic (fake score) at one EDM noise level."""
+    cfg = teacher.cfg
+    y = x - teacher.current_frame(b["frames"]).float() if cfg.residual else x  # the denoiser's data space
+    n = y.shape[0]
+    with torch.no_grad():
+        sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(n, generator=g)).clamp(cfg.sigma_min, cfg.sigma_max)
+        sigma = sigma.to(y.device)
+        noisy = y.detach() + sigma[:, None, None, None] * torch.randn(y.shape, generator=g).to(y.device)
+        real = guided_denoise(teacher, noisy, sigma, b)
+        fake = critic.denoise(noisy, sigma, b["frames"], b["actions"], b["proprio"]).float()
+        # DMD's normaliser: the real score's mean distance to the frame keeps the step size
+        # independent of how far the student is from the data
+        norm = (y - real).abs().mean((1, 2, 3), keepdim=True).clamp_min(1e-6)
+        aim = y - torch.nan_to_num((fake - real) / norm)
+    return 0.5 * F.mse_loss(y, aim)
+
+
+def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, device, step: int, state, teacher_info,
+                 log, bar) -> int:
+    """Stage 3 (SF-DMD) from ``step`` to ``steps + self_forcing_steps``; returns the last step."""
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    cfg, out = job.cfg, RunLayout(job.run).wm_student(view)
+    total = cfg.steps + cfg.self_forcing_steps
+    if step >= total:
+        return step
+    starts = rollout_starts(train, cfg.rollout_chunks)
+    critic = FrameWorldModel(dataclasses.replace(teacher.cfg, action_guidance=1.0)).to(device)
+    critic.load_state_dict(teacher.state_dict())  # the fake score starts as the real one
+    critic.train()
+    copt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+    if state is not None and "critic" in state:
+        critic.load_state_dict(state["critic"])
+        copt.load_state_dict(state["critic_optimizer"])
+    shape = (3, student.cfg.image_size, student.cfg.image_size)
+    norm = teacher.proprio_stats
+    t0 = time.perf_counter()
+    while step < total:
+        step += 1
+        g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * len(VIEWS) + VIEWS.index(view))
+        idx = starts[torch.randint(len(starts), (cfg.batch,), generator=g).to(starts.device)]
+        noises = torch.randn((cfg.rollout_chunks, cfg.batch, *shape), generator=g)
+        update_student = (step - cfg.steps) % cfg.student_every == 0
+        x, b = rollout(student, train, idx, view, norm, noises, cfg.student_steps, device, grad=update_student)
+        with _autocast(device):
+            if update_student:
+                loss, model, optim, kind = dmd_loss(x, b, teacher, critic, g), student, opt, "student"
+            else:  # the critic learns the student's frames as its data (EDM loss, proprio left out)
+                torch.manual_seed(int(torch.randint(2**31, (1,), generator=g)))  # its noise, fixed by the step
+                loss, _ = critic.loss(x.detach(), b["frames"], b["actions"], b["proprio"], b["next_proprio"],
+                                      proprio_weight=0.0)
+                model, optim, kind = critic, copt, "critic"
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        bar.update(1)
+        if step % cfg.log_interval == 0 or step == total:
+            log.write({"step": step, "phase": "sf_dmd", "update": kind, "loss": round(loss.item(), 6),
+                       "samples_per_s": round(cfg.batch * cfg.rollout_chunks * cfg.log_interval
+                                              / (time.perf_counter() - t0), 1)})
+            t0 = time.perf_counter()
+        if step % cfg.save_interval == 0 or step == total:
+            save(out, student, opt, step, teacher_info, cfg, critic=(critic, copt))
+    return step
+
+
+def save(out: Path, student, opt, step: int, teacher_info: dict, cfg: DistillConfig, critic=None) -> None:
     """The weights first, then ``state.pt`` naming them (each written atomically): a kill
-    between the two resumes from the previous state, never from half of one."""
+    between the two resumes from the previous state, never from half of one. ``critic``:
+    Stage 3's (model, optimizer), kept in the state."""
     name = step_name(step)
     student.save_pretrained(out / name, meta={
-        "step": step, "distill": dataclasses.asdict(cfg),
+        "step": step, "distill": dataclasses.asdict(cfg), "self_forcing_steps": max(0, step - cfg.steps),
         "distilled_from": {"weights": str(teacher_info["weights"]), "config_sha256": teacher_info["config_sha256"],
                            "sample_steps": teacher_info["cfg"].sample_steps}})
+    state = {"step": step, "weights": name, "optimizer": opt.state_dict(), "teacher_sha256": teacher_info["config_sha256"]}
+    if critic is not None:
+        state.update(critic=critic[0].state_dict(), critic_optimizer=critic[1].state_dict())
     with atomic_path(out / STATE_FILE) as tmp:
-        torch.save({"step": step, "weights": name, "optimizer": opt.state_dict(),
-                    "teacher_sha256": teacher_info["config_sha256"]}, tmp)
+        torch.save(state, tmp)
 
 
 @torch.no_grad()
-def compare(student, teacher, val, view: str, n: int, device) -> dict:
+def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -> dict:
     """Student and teacher on the first ``n`` held-out transitions (one noise draw for both):
-    PSNR to the real next frame, PSNR of student to teacher, and frames per second of each."""
+    PSNR to the real next frame, PSNR of student to teacher, and frames per second of each;
+    with ``chunks`` > 1 also the PSNR of each one's own ``chunks``-chunk rollout at its end."""
     from wmrl.worldmodel.fidelity import psnr
 
     idx = torch.arange(min(n, val.size), device=device)
@@ -185,6 +315,14 @@ def compare(student, teacher, val, view: str, n: int, device) -> dict:
                      "psnr": round(float(psnr(frames[name].float(), b["target"]).mean()), 2)}
     out["student_vs_teacher_psnr"] = round(float(psnr(frames["student"].float(), frames["teacher"].float()).mean()), 2)
     out["speedup"] = float(f"{out['student']['frames_per_s'] / out['teacher']['frames_per_s']:.3g}")  # 3 significant figures
+    starts = rollout_starts(val, chunks)[:n]
+    if chunks > 1 and len(starts):  # where imagination lives: on the model's own frames
+        noises = torch.randn((chunks, len(starts), *b["target"].shape[1:]), generator=torch.Generator().manual_seed(1))
+        real = val.batch(starts + chunks - 1, view, False, teacher.proprio_stats)["target"]
+        out["open_loop"] = {"chunks": chunks, "rollouts": int(len(starts))}
+        for name, model in (("student", student), ("teacher", teacher)):
+            x, _ = rollout(model, val, starts, view, teacher.proprio_stats, noises, model.cfg.sample_steps, device)
+            out["open_loop"][f"{name}_psnr"] = round(float(psnr(x.clamp(-1, 1), real).mean()), 2)
     return out
 
 
@@ -206,13 +344,17 @@ def main(job: DistillJob) -> dict:
         raise DistillError("the two views' world models read different histories (context, action_history): "
                            "distil each with its own run (--view)")
     train = Transitions(train_eps, cfg0.context, device, cfg0.action_history)
+    if job.cfg.self_forcing_steps and not len(rollout_starts(train, job.cfg.rollout_chunks)):
+        raise DistillError(f"no training episode has {job.cfg.rollout_chunks} chunks for a self-forcing rollout: "
+                           "lower --rollout-chunks")
     val = Transitions(val_eps, cfg0.context, device, cfg0.action_history) if val_eps else None
     selection, reports = {}, {}
     with exclusive(layout.worldmodels, "make wm-distill"):
         for view, info in teachers.items():
             selection[view], student, teacher = distill_view(job, view, info, train, device)
             if val is not None and job.cfg.val_transitions:
-                reports[view] = compare(student, teacher, val, view, job.cfg.val_transitions, device)
+                reports[view] = compare(student, teacher, val, view, job.cfg.val_transitions, device,
+                                        job.cfg.rollout_chunks)
                 write_json(layout.wm_student(view) / "report.json", reports[view])
         if set(selection) == set(VIEWS):
             write_json(layout.student_selection, selection)
