@@ -103,7 +103,9 @@ def main(args) -> int:
                       if k in result},
                      indent=1))
     print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(
-        f"k={k}: {a['balanced_accuracy']}" for k, a in result["agreement_by_success_chunks"].items()))
+        f"k={k}: {a['balanced_accuracy']}" + (" (95%: {}-{})".format(*a["balanced_accuracy_95"])
+                                               if a.get("balanced_accuracy_95") else "")
+        for k, a in result["agreement_by_success_chunks"].items()))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")
     return 0
 

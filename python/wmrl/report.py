@@ -116,7 +116,8 @@ def world_models(pair: Path, run: Path) -> list[Block]:
     a, r = d.get("agreement") or {}, d.get("reward") or {}
     ceiling = d.get("agreement_on_real_frames") or {}  # the reward reading the real frames
     out.append(("table", ["figure", "value"], [
-        ["episode agreement with the simulator (balanced accuracy; target 0.85)", a.get("balanced_accuracy", "-")],
+        ["episode agreement with the simulator (balanced accuracy; target 0.85)", a.get("balanced_accuracy", "-")
+         if not a.get("balanced_accuracy_95") else "{} (95%: {}-{})".format(a["balanced_accuracy"], *a["balanced_accuracy_95"])],
         ["the same reward reading the real frames (its ceiling)", ceiling.get("balanced_accuracy", "-")],
         ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],

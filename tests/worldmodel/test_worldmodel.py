@@ -1121,3 +1121,17 @@ def test_control_rollouts_are_failures_of_the_full_horizon():
         RewardConfig(control_negatives=("hold", "fly"))
     with pytest.raises(ConfigError, match="each once"):
         RewardConfig(control_negatives=("hold", "hold"))
+
+
+def test_the_agreement_interval_is_wide_on_few_episodes_and_closes_at_perfect_agreement():
+    from wmrl.worldmodel.fidelity import balanced_accuracy_interval
+
+    truth = torch.tensor([True] * 4 + [False] * 12)
+    assert balanced_accuracy_interval(truth, truth) == [1.0, 1.0]
+    pred = truth.clone()
+    pred[4:7] = True  # three failures imagined as successes: 0.875, as the H200 cycle's pair
+    lo, hi = balanced_accuracy_interval(pred, truth)
+    assert lo < 0.8 < 0.875 < hi == 1.0  # 16 episodes cannot tell 0.875 from 0.85
+    wide = balanced_accuracy_interval(pred.repeat(10), truth.repeat(10))  # ten times the episodes
+    assert lo < wide[0] < 0.875 < wide[1] < hi
+    assert balanced_accuracy_interval(truth, torch.ones(16, dtype=torch.bool)) is None  # one kind only

@@ -195,10 +195,26 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
             "imagined_successes": int(imag.sum()),
             "successes_without_success_frame": int((real & ~seen).sum()),
             "balanced_accuracy": _round(balanced_accuracy(imag, real)),
+            "balanced_accuracy_95": balanced_accuracy_interval(imag, real),
             "accuracy": round(float((imag == real).float().mean()), 4),
             "confusion": {"both_success": int(both.sum()), "only_real": int((real & ~imag).sum()),
                           "only_imagined": int((~real & imag).sum()), "both_failure": int((~real & ~imag).sum())},
             "timing_error_chunks": round(float(timing.mean()), 2) if len(timing) else None}
+
+
+def balanced_accuracy_interval(pred: torch.Tensor, truth: torch.Tensor, draws: int = 2000,
+                               seed: int = 0) -> list[float] | None:
+    """95% interval of the episodes' balanced accuracy (stratified bootstrap: the real successes
+    and the real failures each resampled with replacement, so every draw has both). A few dozen
+    held-out episodes make a wide interval: say it beside the figure (None without both kinds)."""
+    pred, truth = pred.bool().cpu(), truth.bool().cpu()
+    pos, neg = pred[truth], ~pred[~truth]  # per episode: was it judged right
+    if not len(pos) or not len(neg):
+        return None
+    g = torch.Generator().manual_seed(seed)
+    recall = lambda right: right[torch.randint(len(right), (draws, len(right)), generator=g)].float().mean(1)  # noqa: E731
+    bal = (recall(pos) + recall(neg)) / 2
+    return [round(float(q), 4) for q in torch.quantile(bal, torch.tensor([0.025, 0.975]))]
 
 
 @torch.no_grad()
