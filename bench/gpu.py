@@ -45,7 +45,8 @@ returns only a few files).
                                each ends with its action response; bench/wm_probe.py)
     python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 SF_STEPS=600 BATCHES=64,256]   (after wm: one-step
                                students against their teachers: fidelity, imagined steps/s with the policy;
-                               SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation)
+                               SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation;
+                               after a cycle: unpack+cycle+distill ... DISTILL_RUN=runs/h200/cycles/cycle_1)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
@@ -387,8 +388,9 @@ def phase_distill(v: dict, env: dict) -> None:
     """One-step students of RUN's updated world models (after the wm phase, or a cycle's
     RUN=runs/x/cycles/cycle_1): distil, pack them as a second pair beside the first, replay the
     held-out episodes in both (wm_eval), and time imagination with the policy in the loop at the
-    teacher's and the student's number of sampling steps."""
-    run = v.get("RUN", "runs/h200")
+    teacher's and the student's number of sampling steps. DISTILL_RUN: the run whose pair to distil
+    when it is not RUN (after a cycle in the same chain: DISTILL_RUN=RUN/cycles/cycle_1)."""
+    run = v.get("DISTILL_RUN", v.get("RUN", "runs/h200"))
     stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress",  # its own name: it chains after wm (STEPS)
                                           *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else []),
                                           *(["--self-forcing-steps", v["SF_STEPS"]] if "SF_STEPS" in v else [])], env)
