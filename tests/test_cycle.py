@@ -353,9 +353,9 @@ def test_the_imagined_success_rule_reaches_grpo_only_when_asked(tmp_path):
     assert "--success-chunks 2" in grpo(cfg=CycleConfig(success_chunks=2))
 
 
-def test_a_rerun_with_other_grpo_steps_takes_them_until_grpo_began(tmp_path, calls, monkeypatch):
+def test_a_rerun_with_other_grpo_steps_takes_them_unless_grpo_is_past_them(tmp_path, calls, monkeypatch):
     """The cycle's record keeps its GRPO target across reruns; a rerun that asks for another
-    number of steps before GRPO began gets it (not the recorded one), after that a clear refusal."""
+    number of steps gets it (not the recorded one) unless GRPO already saved a step past it."""
     run = new_run(tmp_path)
     three = dataclasses.replace(get_config("cycle_tiny"), grpo_steps=3)
     monkeypatch.setenv("FAKE_FAIL", "wm_reward")
@@ -368,8 +368,9 @@ def test_a_rerun_with_other_grpo_steps_takes_them_until_grpo_began(tmp_path, cal
     with pytest.raises(CycleError, match="grpo of cycle 1 failed"):
         main(job(run, cfg=three))
     assert load_state(run)["cycles"]["1"]["grpo_to"] == 3
+    (run / "weights" / "policy" / "global_step_3").mkdir(parents=True)  # GRPO saved step 3 before it failed
     monkeypatch.delenv("FAKE_FAIL")
-    with pytest.raises(CycleError, match=r"began GRPO towards step 3 \(--grpo-steps 3\); rerun with that number"):
+    with pytest.raises(CycleError, match=r"towards step 3 \(--grpo-steps 3\), up to step 3: rerun with that number"):
         main(job(run))
     main(job(run, cfg=three))
     assert load_state(run)["cycles"]["1"]["lineage"]["policy_out"] == "3"

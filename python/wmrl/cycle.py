@@ -143,15 +143,16 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
 
 # =========================================================================== the stages
 def follow_grpo_steps(job: CycleJob, rec: dict, n: int, planning: bool) -> dict:
-    """A rerun that asks for another number of GRPO steps: taken while the cycle's GRPO has not
-    begun (the recorded target would otherwise win silently), refused once it has."""
+    """A rerun that asks for another number of GRPO steps gets it (the recorded target would
+    otherwise win silently) unless the cycle's GRPO finished or already saved a step past it."""
     want = rec["grpo_from"] + job.cfg.grpo_steps
     if rec.get("finished") or want == rec["grpo_to"]:
         return rec
-    if rec["stages"].get("grpo", {}).get("attempts"):
-        raise CycleError(f"cycle {n} of {job.run} began GRPO towards step {rec['grpo_to']} "
-                         f"(--grpo-steps {rec['grpo_to'] - rec['grpo_from']}); rerun with that number to continue "
-                         "it, or start a new RUN")
+    past = [s for s in RunLayout(job.run).policy_steps("policy") if s > want]
+    if rec["stages"].get("grpo", {}).get("done") or past:
+        raise CycleError(f"cycle {n} of {job.run} trained GRPO towards step {rec['grpo_to']} "
+                         f"(--grpo-steps {rec['grpo_to'] - rec['grpo_from']}){f', up to step {past[-1]}' if past else ''}: "
+                         "rerun with that number to continue it, or start a new RUN")
     if not planning:
         print(f"[cycle {n}] GRPO to step {want}, not {rec['grpo_to']} as recorded: --grpo-steps "
               f"{job.cfg.grpo_steps} given before this cycle's GRPO began", flush=True)
