@@ -473,7 +473,9 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
         def score(x, secs_):
             q = {"seconds": round(secs_, 4), "frames_per_s": made / max(secs_, 1e-9)}
             if k > context_frames:  # real frames to compare with
-                q["psnr_db"] = float(psnr(x[None, context_frames:k], real[None, context_frames:k]).mean())
+                per_frame = psnr(x[None, context_frames:k], real[None, context_frames:k])[0]
+                q["psnr_db"] = float(per_frame.mean())
+                q["psnr_db_by_frame"] = [round(float(v), 3) for v in per_frame]  # where an open loop falls off
                 if min(x.shape[-2:]) >= 11:  # SSIM's 11-pixel window must fit
                     q["ssim"] = float(ssim(x[context_frames:k].float(), real[context_frames:k].float()).mean())
             return q
@@ -482,7 +484,7 @@ def generate(student_dir: str | os.PathLike, contexts: list[str], out: str | os.
                "domain_id": clip.domain_id, "caption": clip.caption, "student": score(gen_x, secs)}
         if k > context_frames:  # the baseline to beat: the last context frame held still
             held = score(real[context_frames - 1:context_frames].expand_as(gen_x), 0.0)
-            rec["hold"] = {key: v for key, v in held.items() if key in ("psnr_db", "ssim")}
+            rec["hold"] = {key: v for key, v in held.items() if key in ("psnr_db", "ssim", "psnr_db_by_frame")}
         arrays = {"generated": gen, "real": ((real[:k].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()}
         panels = [gen]
         if t_net is not None:
@@ -516,6 +518,10 @@ def summarize(clips: list[dict]) -> dict[str, Any]:
             vals = [r[key] for r in rows if key in r]
             if vals:
                 out[f"{who}_{key}"] = round(float(np.mean(vals)), 4)
+        curves = [r["psnr_db_by_frame"] for r in rows if "psnr_db_by_frame" in r]
+        if curves:  # the mean PSNR n frames into the rollout, over the clips that reach n
+            out[f"{who}_psnr_db_by_frame"] = [round(float(np.mean([c[i] for c in curves if len(c) > i])), 3)
+                                              for i in range(max(map(len, curves)))]
     if out.get("teacher_frames_per_s"):
         # three significant figures: two decimals alone lose up to 1.3% of a speed-up under 0.4 (a loaded CPU)
         out["speedup"] = float(f"{out['student_frames_per_s'] / out['teacher_frames_per_s']:.3g}")

@@ -122,6 +122,11 @@ def test_exported_student_reloads_in_a_fresh_process_and_generates_the_same_fram
     mse = ((held - arrays["real"].astype(np.float64) / 255) ** 2)[1:].reshape(len(held) - 1, -1).mean(1)
     assert c["hold"]["psnr_db"] == pytest.approx(float(np.mean(10 * np.log10(1 / np.maximum(mse, 1e-10)))), abs=0.05)
     assert summ["hold_psnr_db"] == pytest.approx(c["hold"]["psnr_db"], abs=1e-3)
+    # frame by frame, where an open loop falls off: one value per generated frame, the mean of them the PSNR
+    assert c["hold"]["psnr_db_by_frame"] == pytest.approx(list(10 * np.log10(1 / np.maximum(mse, 1e-10))), abs=0.05)
+    assert len(c["student"]["psnr_db_by_frame"]) == len(frames) - 1
+    assert np.mean(c["student"]["psnr_db_by_frame"]) == pytest.approx(c["student"]["psnr_db"], abs=1e-2)
+    assert summ["teacher_psnr_db_by_frame"] == pytest.approx(c["teacher"]["psnr_db_by_frame"], abs=1e-3)
     # the teacher at other Euler steps (its full sampling steps where its profile's are fewer)
     r = cli("generate", "--student", moved, "--context", f"{bundle_dir}:{eid}", "--out", tmp_path / "clip3.mp4",
             "--teacher", chain["roots"][1], "--teacher-steps", 3)
