@@ -374,3 +374,18 @@ def test_a_rerun_with_other_grpo_steps_takes_them_unless_grpo_is_past_them(tmp_p
         main(job(run))
     main(job(run, cfg=three))
     assert load_state(run)["cycles"]["1"]["lineage"]["policy_out"] == "3"
+
+
+def test_the_report_tables_grpo_steps_at_most_forty_rows_the_last_kept(tmp_path):
+    from wmrl.report import grpo_steps
+
+    log = tmp_path / "grpo.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "rollout_success": s / 100, "groups": 64, "skipped_groups": 20,
+                                       "approx_kl_final": 0.004, "lr": 1e-5, "rollout_s": 16.2, "update_s": 11.0,
+                                       "env_steps_per_s": 5000.0}) + "\n" for s in range(1, 51))
+                   + json.dumps({"step": 50, "eval": "a line without rollout figures"}) + "\n")
+    (kind, headers, rows), = grpo_steps(log)
+    assert kind == "table" and headers[:3] == ["step", "rollout success", "groups skipped"]
+    assert len(rows) == 40 and rows[0][0] == 1 and rows[-1][0] == 50
+    assert rows[-1][1:] == ["50.0%", "20 / 64", "0.0040", "1.00e-05", "16.2", "11.0", "5000"]
+    assert grpo_steps(tmp_path / "none.jsonl") == []

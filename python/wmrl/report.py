@@ -103,7 +103,27 @@ def blocks(run: Path) -> list[Block]:
                           (layout.logs / "sft_loss.png", "Supervised training loss")):
         if path.exists():
             out += [("h2", caption.split(":")[0]), ("image", path, caption)]
+            if path.name == "grpo_curves.png":
+                out += grpo_steps(layout.logs / "grpo.jsonl")
     return out
+
+
+def grpo_steps(log: Path, most: int = 40) -> list[Block]:
+    """GRPO's log as a table, one row per step (at most ``most``, evenly spaced, the last kept):
+    the figures behind the curves, readable where the image is not."""
+    if not log.exists():
+        return []
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "rollout_success" in r]
+    if not rows:
+        return []
+    keep = sorted({round(i * (len(rows) - 1) / (most - 1)) for i in range(most)}) if len(rows) > most else range(len(rows))
+    fmt = lambda r, k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-"  # noqa: E731
+    return [("table", ["step", "rollout success", "groups skipped", "approx KL", "lr", "rollout s", "update s",
+                       "env steps/s"],
+             [[r["step"], _pct(r["rollout_success"]), f"{r.get('skipped_groups', '-')} / {r.get('groups', '-')}",
+               fmt(r, "approx_kl_final", ".4f"), fmt(r, "lr", ".2e"), fmt(r, "rollout_s", ".1f"), fmt(r, "update_s", ".1f"),
+               fmt(r, "env_steps_per_s", ".0f")] for r in (rows[i] for i in keep)])]
 
 
 def world_models(pair: Path, run: Path) -> list[Block]:
