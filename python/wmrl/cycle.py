@@ -155,7 +155,7 @@ def follow_grpo_steps(job: CycleJob, rec: dict, n: int, planning: bool) -> dict:
                          "rerun with that number to continue it, or start a new RUN")
     if not planning:
         print(f"[cycle {n}] GRPO to step {want}, not {rec['grpo_to']} as recorded: --grpo-steps "
-              f"{job.cfg.grpo_steps} given before this cycle's GRPO began", flush=True)
+              f"{job.cfg.grpo_steps} given on this rerun", flush=True)
     rec["grpo_to"] = want
     return rec
 
