@@ -555,6 +555,7 @@ class DistillConfig:
     rollout_chunks: int = 3  # chunks of each self-forcing rollout (the last one carries the gradient)
     student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
     critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
+    self_forcing_lr: float = 1e-5  # Stage 3: the student's learning rate (DMD moves it far at the distillation's lr)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "student_steps", "save_interval", "log_interval", "rollout_chunks"):
@@ -562,10 +563,10 @@ class DistillConfig:
                 raise ConfigError(f"wm distillation: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.val_transitions < 0:
             raise ConfigError("wm distillation: lr > 0 and val_transitions >= 0")
-        if self.self_forcing_steps < 0 or self.student_every < 2 or self.critic_lr <= 0:
+        if self.self_forcing_steps < 0 or self.student_every < 2 or self.critic_lr <= 0 or self.self_forcing_lr <= 0:
             raise ConfigError(f"wm distillation: self_forcing_steps={self.self_forcing_steps} (>= 0), "
                               f"student_every={self.student_every} (>= 2: one student update, the rest critic), "
-                              f"critic_lr={self.critic_lr} (> 0)")
+                              f"critic_lr={self.critic_lr}, self_forcing_lr={self.self_forcing_lr} (> 0)")
 
 
 @dataclass(frozen=True)

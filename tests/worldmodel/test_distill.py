@@ -134,6 +134,8 @@ def test_stage3_alternates_student_and_critic_on_the_students_own_rollouts(traje
     state = torch.load(layout.wm_student("wrist") / "state.pt", weights_only=True)
     teacher = weights(layout.wm_view("wrist") / "global_step_4")
     assert moved(teacher, state["critic"])  # the critic learned from the teacher's start
+    assert state["optimizer"]["param_groups"][0]["lr"] == SF.self_forcing_lr  # Stage 3's own rate for the student
+    assert state["critic_optimizer"]["param_groups"][0]["lr"] == SF.critic_lr
     assert out["selection"]["wrist"]["self_forcing_steps"] == 6
     ol = out["reports"]["wrist"]["open_loop"]
     assert ol["chunks"] == 2 and ol["rollouts"] > 0 and ol["student_psnr"] > 0 and ol["teacher_psnr"] > 0

@@ -240,6 +240,8 @@ def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, devic
     if state is not None and "critic" in state:
         critic.load_state_dict(state["critic"])
         copt.load_state_dict(state["critic_optimizer"])
+    for group in opt.param_groups:  # the student's own rate in Stage 3 (a resumed state carries the last one)
+        group["lr"] = cfg.self_forcing_lr
     shape = (3, student.cfg.image_size, student.cfg.image_size)
     norm = teacher.proprio_stats
     t0 = time.perf_counter()
