@@ -60,7 +60,8 @@ def main(args, job) -> int:
         if "open_loop" in r:
             o = r["open_loop"]
             print(f"[distill {view}] on their own frames, {o['chunks']} chunks from {o['rollouts']} held-out starts: "
-                  f"PSNR {o['student_psnr']} (student) vs {o['teacher_psnr']} dB (teacher)")
+                  f"PSNR {o['student_psnr']} (student) vs {o['teacher_psnr']} dB (teacher), "
+                  f"SSIM {o['student_ssim']} vs {o['teacher_ssim']}")
     if len(result["selection"]) == len(VIEWS):
         print(f"[distill] students: {layout.student_selection} (make package RUN={job.run} STUDENTS=1 OVERWRITE=1)")
     return 0

@@ -139,6 +139,7 @@ def test_stage3_alternates_student_and_critic_on_the_students_own_rollouts(traje
     assert out["selection"]["wrist"]["self_forcing_steps"] == 6
     ol = out["reports"]["wrist"]["open_loop"]
     assert ol["chunks"] == 2 and ol["rollouts"] > 0 and ol["student_psnr"] > 0 and ol["teacher_psnr"] > 0
+    assert -1 <= ol["student_ssim"] <= 1 and -1 <= ol["teacher_ssim"] <= 1
 
 
 def test_stage3_resumes_bit_for_bit_with_its_critic(trajectories, tmp_path):

@@ -296,7 +296,7 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -
     """Student and teacher on the first ``n`` held-out transitions (one noise draw for both):
     PSNR to the real next frame, PSNR of student to teacher, and frames per second of each;
     with ``chunks`` > 1 also the PSNR of each one's own ``chunks``-chunk rollout at its end."""
-    from wmrl.worldmodel.fidelity import psnr
+    from wmrl.worldmodel.fidelity import psnr, ssim
 
     idx = torch.arange(min(n, val.size), device=device)
     b = val.batch(idx, view, student.cfg.condition_on_main, teacher.proprio_stats)
@@ -314,7 +314,8 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -
                 torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         out[name] = {"sample_steps": model.cfg.sample_steps, "frames_per_s": round(len(idx) / dt, 1),
-                     "psnr": round(float(psnr(frames[name].float(), b["target"]).mean()), 2)}
+                     "psnr": round(float(psnr(frames[name].float(), b["target"]).mean()), 2),
+                     "ssim": round(float(ssim(frames[name].float(), b["target"]).mean()), 4)}
     out["student_vs_teacher_psnr"] = round(float(psnr(frames["student"].float(), frames["teacher"].float()).mean()), 2)
     out["speedup"] = float(f"{out['student']['frames_per_s'] / out['teacher']['frames_per_s']:.3g}")  # 3 significant figures
     starts = rollout_starts(val, chunks)[:n]
@@ -325,6 +326,7 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -
         for name, model in (("student", student), ("teacher", teacher)):
             x, _ = rollout(model, val, starts, view, teacher.proprio_stats, noises, model.cfg.sample_steps, device)
             out["open_loop"][f"{name}_psnr"] = round(float(psnr(x.clamp(-1, 1), real).mean()), 2)
+            out["open_loop"][f"{name}_ssim"] = round(float(ssim(x.clamp(-1, 1), real).mean()), 4)  # sharpness counts
     return out
 
 
