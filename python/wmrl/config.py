@@ -555,7 +555,7 @@ class DistillConfig:
     rollout_chunks: int = 3  # chunks of each self-forcing rollout (the last one carries the gradient)
     student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
     critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
-    self_forcing_lr: float = 1e-5  # Stage 3: the student's learning rate (DMD moves it far at the distillation's lr)
+    self_forcing_lr: float = 1e-5  # Stage 3: the student's rate (at the distillation's 1e-4 DMD moves it far: bench/RESULTS.md)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "student_steps", "save_interval", "log_interval", "rollout_chunks"):
