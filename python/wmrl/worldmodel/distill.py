@@ -192,18 +192,6 @@ def rollout_starts(data, chunks: int):
     return torch.nonzero(ok).flatten()
 
 
-def guided_denoise(model, noisy, sigma, b):
-    """The model's clean-frame estimate under its own action guidance (as its sampler uses it)."""
-    args = (b["frames"], b["actions"], b["proprio"])
-    w = model.guidance
-    if w == 1:
-        return model.denoise(noisy, sigma, *args).float()
-    n = noisy.shape[0]
-    both = model.denoise(torch.cat([noisy, noisy]), torch.cat([sigma, sigma]), *(torch.cat([t, t]) for t in args),
-                         no_actions=torch.arange(2 * n, device=noisy.device) >= n).float()
-    return both[n:] + w * (both[:n] - both[n:])
-
-
 def dmd_loss(x, b, teacher, critic, g: torch.Generator):
     """Stage 3's student loss on frames ``x`` (with gradients): DMD2's distribution matching
     between the teacher (real score) and the critic (fake score) at one EDM noise level."""
@@ -214,7 +202,7 @@ def dmd_loss(x, b, teacher, critic, g: torch.Generator):
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(n, generator=g)).clamp(cfg.sigma_min, cfg.sigma_max)
         sigma = sigma.to(y.device)
         noisy = y.detach() + sigma[:, None, None, None] * torch.randn(y.shape, generator=g).to(y.device)
-        real = guided_denoise(teacher, noisy, sigma, b)
+        real = teacher.guided_denoise(noisy, sigma, b["frames"], b["actions"], b["proprio"])
         fake = critic.denoise(noisy, sigma, b["frames"], b["actions"], b["proprio"]).float()
         # DMD's normaliser: the real score's mean distance to the frame keeps the step size
         # independent of how far the student is from the data

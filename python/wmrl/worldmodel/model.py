@@ -247,6 +247,18 @@ class FrameWorldModel(Pretrained, nn.Module):
             out = out + self.refine_head(torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1))
         return c_skip * noisy + c_out * out
 
+    def guided_denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
+                       proprio: torch.Tensor) -> torch.Tensor:
+        """``denoise`` under action guidance ``self.guidance`` = w (float32): D_null + w (D_actions -
+        D_null), both in one batch of 2B; plain ``denoise`` at w = 1. What the sampler steps with."""
+        w = self.guidance
+        if w == 1:
+            return self.denoise(noisy, sigma, frames, actions, proprio).float()
+        b = noisy.shape[0]
+        both = self.denoise(*(torch.cat([t, t]) for t in (noisy, sigma, frames, actions, proprio)),
+                            no_actions=torch.arange(2 * b, device=noisy.device) >= b).float()
+        return both[b:] + w * (both[:b] - both[b:])
+
     def pose_maps(self, actions: torch.Tensor, proprio: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """(B, 2, H, W): the end effector now and at the chunk's end drawn in the main camera.
         The end comes from the proprio head, so at imagination time it follows the policy's
@@ -323,18 +335,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         b = frames.shape[0]
         sig = self.sigmas(steps, frames.device)
         x = noise.to(frames.device) * sig[0]
-        w = self.guidance
-        if w != 1:  # with and without the actions in one batch of 2B
-            frames, actions, proprio = (torch.cat([t, t]) for t in (frames, actions, proprio))
-            no_actions = torch.arange(2 * b, device=frames.device) >= b
         for i in range(steps):
-            if w == 1:
-                d = self.denoise(x, sig[i].expand(b), frames, actions, proprio).float()
-            else:
-                both = self.denoise(torch.cat([x, x]), sig[i].expand(2 * b), frames, actions, proprio,
-                                    no_actions=no_actions).float()
-                d = both[b:] + w * (both[:b] - both[b:])  # D_null + w (D_actions - D_null)
+            d = self.guided_denoise(x, sig[i].expand(b), frames, actions, proprio)
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
-        if w != 1:
-            frames = frames[:b]
         return x + self.current_frame(frames).float() if self.cfg.residual else x
