@@ -362,6 +362,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="also write every curve here")
     p.add_argument("--strips", help="folder for a real | imagined PNG per architecture (open loop, held-out episodes)")
+    p.add_argument("--save", help="folder for each trained model (FrameWorldModel format, one subfolder per "
+                   "architecture): a teacher that `wm_distill.py` can read through a run's selection")
     a = p.parse_args()
     archs = [parse_arch(s, a) for s in (a.arch or ["32,64,128x1"])]
     _, train, val = load_split(a.manifest, 8, phases=a.all_phases)
@@ -374,7 +376,15 @@ def main() -> None:
     held = held_batch(va, a.view, norm, a.device, a.context)
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
           f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
-    results = [probe(arch, tr, va, val, norm, held, a)[0] for arch in archs]
+    results = []
+    for arch in archs:
+        result, model = probe(arch, tr, va, val, norm, held, a)
+        results.append(result)
+        if a.save:
+            folder = Path(a.save) / result["arch"].replace(":", "_").replace("/", "_")
+            model.save_pretrained(folder, meta={"probe": {k: v for k, v in vars(a).items() if k != "arch"},
+                                                "updates": result["curve"][-1]["update"] if result["curve"] else 0})
+            print(f"saved {folder}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "copy_last": held["copy_last"],
                                             "copy_last_ssim": held["copy_last_ssim"], "results": results}, indent=2))

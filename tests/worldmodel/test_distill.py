@@ -173,6 +173,28 @@ def test_a_rollout_feeds_the_model_its_own_frames(trajectories, tmp_path):
     torch.testing.assert_close(last, model.sample(noises[1], b["frames"], second["actions"], second["proprio"], 2))
 
 
+def test_a_wrist_rollout_starts_its_chunks_on_the_imagined_main_frame(trajectories, tmp_path):
+    """As in imagination: after the first chunk the wrist model sees the main model's frame,
+    not the real one."""
+    from wmrl.worldmodel.data import Transitions, load_split
+    from wmrl.worldmodel.distill import rollout, rollout_starts
+
+    run = teacher_run(tmp_path / "run", trajectories)
+    _, train, _ = load_split(RunLayout(run).manifest, TINY.main.chunk_size)
+    wrist = FrameWorldModel.from_pretrained(RunLayout(run).wm_view("wrist") / "global_step_4")
+    main_model = FrameWorldModel.from_pretrained(RunLayout(run).wm_view("main") / "global_step_4")
+    data = Transitions(train, wrist.cfg.context, "cpu", wrist.cfg.action_history)
+    idx = rollout_starts(data, 3)[:3]
+    noises, main_noises = torch.randn((2, 2, 3, 3, 64, 64), generator=torch.Generator().manual_seed(0))
+    _, b = rollout(wrist, data, idx, "wrist", wrist.proprio_stats, noises, 2, torch.device("cpu"),
+                   main_model=main_model, main_noises=main_noises[:1])
+    first = data.batch(idx, "main", False, main_model.proprio_stats)
+    m0 = main_model.sample(main_noises[0], first["frames"], first["actions"], first["proprio"],
+                           main_model.cfg.sample_steps).clamp(-1, 1)
+    torch.testing.assert_close(b["frames"][:, -1], m0)
+    assert not torch.allclose(b["frames"][:, -1], data.batch(idx + 1, "wrist", True, wrist.proprio_stats)["frames"][:, -1])
+
+
 def test_stage3_bad_settings_are_refused(trajectories, tmp_path):
     from wmrl.config import ConfigError, DistillConfig
 

@@ -7,7 +7,9 @@ stand in every scene; the one to move is the object named in the task's BDDL goa
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -39,7 +41,15 @@ def _goal_from_bddl(path: str) -> tuple[str, str]:
 def _suite():
     from libero.libero import benchmark
 
-    return benchmark.get_benchmark_dict()[SUITE]()
+    # The package prints "[info] Applying task order index 0 ..." for every suite it builds: once
+    # per simulator worker, 16 identical lines per evaluation in a log. Its other lines (warnings,
+    # errors) still reach stdout.
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        suite = benchmark.get_benchmark_dict()[SUITE]()
+    for line in said.getvalue().splitlines():
+        if not line.startswith("[info] Applying task order"):
+            print(line)
+    return suite
 
 
 def get_task(index: int) -> SpatialTask:

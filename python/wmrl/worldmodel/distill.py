@@ -13,7 +13,8 @@ With ``self_forcing_steps`` > 0 the student then goes through the four-stage rec
 bimanual model). The sampler distillation above only ever conditions on real frames, while
 imagination feeds the model its own: here every rollout starts from a real transition and the
 student generates ``rollout_chunks`` chunks, each on the frames it generated before (self
-forcing; real actions, proprio and, for the wrist model, the real main frame). Its last frame is
+forcing; real actions and proprio; the wrist model starts each chunk on the main teacher's own
+frame, imagined beside it as in imagination: ``main_teacher``). Its last frame is
 noised to a random level and denoised by the frozen teacher (the real score, with the teacher's
 action guidance) and by a critic (the fake score: a copy of the teacher that keeps learning,
 with the EDM loss, the student's own rollouts); the student's frame moves along the difference
@@ -164,23 +165,49 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
     return entry, student, teacher
 
 
-def rollout(model, data, idx, view: str, norm: dict, noises, steps: int, device, grad: bool = False):
+def rollout(model, data, idx, view: str, norm: dict, noises, steps: int, device, grad: bool = False,
+            main_model=None, main_noises=None):
     """The model's own rollout of ``len(noises)`` chunks from transitions ``idx``: the real
-    history at the start, then each chunk on the frames it generated before (real actions,
-    proprio and, for a wrist model, real main frame). Returns the last frame (with gradients
-    through its sampler when ``grad``) and the batch that conditioned it."""
-    cfg, hist = model.cfg, None
+    history at the start, then each chunk on the frames it generated before (real actions and
+    proprio). A wrist model sees the main view's frame of each chunk's start: the real one, or
+    with ``main_model`` that model's own, imagined in lockstep from the real start (its sampler,
+    ``main_noises``), as imagination gives it. Returns the last frame (with gradients through
+    its sampler when ``grad``) and the batch that conditioned it."""
+    cfg, hist, main_hist = model.cfg, None, None
+    imagined_main = cfg.condition_on_main and main_model is not None
     for j, noise in enumerate(noises):
         b = data.batch(idx + j, view, cfg.condition_on_main, norm)
         hist = list(b["frames"][:, :cfg.context].unbind(1)) if hist is None else hist
         frames = torch.stack(hist[-cfg.context:], 1)
-        if cfg.condition_on_main:
+        if imagined_main:
+            mb = data.batch(idx + j, "main", False, main_model.proprio_stats)
+            main_hist = list(mb["frames"].unbind(1)) if main_hist is None else main_hist
+            frames = torch.cat([frames, main_hist[-1][:, None]], 1)
+        elif cfg.condition_on_main:
             frames = torch.cat([frames, b["frames"][:, cfg.context:]], 1)
         last = j == len(noises) - 1
         with torch.set_grad_enabled(grad and last), _autocast(device):
             x = model.sample(noise.to(device), frames, b["actions"], b["proprio"], steps).float()
         hist.append(x.clamp(-1, 1))
+        if imagined_main and not last:  # the main frame the next chunk starts on
+            with torch.no_grad(), _autocast(device):
+                m = main_model.sample(main_noises[j].to(device), torch.stack(main_hist[-main_model.cfg.context:], 1),
+                                      mb["actions"], mb["proprio"], main_model.cfg.sample_steps).float()
+            main_hist.append(m.clamp(-1, 1))
     return x, {**b, "frames": frames}
+
+
+def main_teacher(job: DistillJob, view: str, device):
+    """The model whose frames a wrist rollout starts each chunk on (``rollout``'s
+    ``main_model``): the selection's main model, the distribution the main student is distilled
+    towards and there before any student is (a view may be distilled alone); None for the
+    main view."""
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    if view != "wrist":
+        return None
+    sel = read_json(RunLayout(job.run).selection, DistillError, "update the world models first")
+    return FrameWorldModel.from_pretrained(Path(sel["main"]["weights"]), device).eval().requires_grad_(False)
 
 
 def rollout_starts(data, chunks: int):
@@ -232,14 +259,18 @@ def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, devic
         group["lr"] = cfg.self_forcing_lr
     shape = (3, student.cfg.image_size, student.cfg.image_size)
     norm = teacher.proprio_stats
+    main_model = main_teacher(job, view, device)
     t0 = time.perf_counter()
     while step < total:
         step += 1
         g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * len(VIEWS) + VIEWS.index(view))
         idx = starts[torch.randint(len(starts), (cfg.batch,), generator=g).to(starts.device)]
         noises = torch.randn((cfg.rollout_chunks, cfg.batch, *shape), generator=g)
+        main_noises = None if main_model is None else torch.randn(
+            (cfg.rollout_chunks - 1, cfg.batch, 3, main_model.cfg.image_size, main_model.cfg.image_size), generator=g)
         update_student = (step - cfg.steps) % cfg.student_every == 0
-        x, b = rollout(student, train, idx, view, norm, noises, cfg.student_steps, device, grad=update_student)
+        x, b = rollout(student, train, idx, view, norm, noises, cfg.student_steps, device, grad=update_student,
+                       main_model=main_model, main_noises=main_noises)
         with _autocast(device):
             if update_student:
                 loss, model, optim, kind = dmd_loss(x, b, teacher, critic, g), student, opt, "student"
@@ -280,10 +311,11 @@ def save(out: Path, student, opt, step: int, teacher_info: dict, cfg: DistillCon
 
 
 @torch.no_grad()
-def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -> dict:
+def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1, main_model=None) -> dict:
     """Student and teacher on the first ``n`` held-out transitions (one noise draw for both):
     PSNR to the real next frame, PSNR of student to teacher, and frames per second of each;
-    with ``chunks`` > 1 also the PSNR of each one's own ``chunks``-chunk rollout at its end."""
+    with ``chunks`` > 1 also the PSNR of each one's own ``chunks``-chunk rollout at its end (a
+    wrist model's on the main frames ``main_model`` imagines, the same for both)."""
     from wmrl.worldmodel.fidelity import psnr, ssim
 
     idx = torch.arange(min(n, val.size), device=device)
@@ -308,11 +340,15 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1) -
     out["speedup"] = float(f"{out['student']['frames_per_s'] / out['teacher']['frames_per_s']:.3g}")  # 3 significant figures
     starts = rollout_starts(val, chunks)[:n]
     if chunks > 1 and len(starts):  # where imagination lives: on the model's own frames
-        noises = torch.randn((chunks, len(starts), *b["target"].shape[1:]), generator=torch.Generator().manual_seed(1))
+        g = torch.Generator().manual_seed(1)
+        noises = torch.randn((chunks, len(starts), *b["target"].shape[1:]), generator=g)
+        main_noises = torch.randn((chunks - 1, len(starts), *b["target"].shape[1:]), generator=g)
         real = val.batch(starts + chunks - 1, view, False, teacher.proprio_stats)["target"]
-        out["open_loop"] = {"chunks": chunks, "rollouts": int(len(starts))}
+        out["open_loop"] = {"chunks": chunks, "rollouts": int(len(starts)),
+                            "main_frames": "real" if main_model is None or view == "main" else "imagined"}
         for name, model in (("student", student), ("teacher", teacher)):
-            x, _ = rollout(model, val, starts, view, teacher.proprio_stats, noises, model.cfg.sample_steps, device)
+            x, _ = rollout(model, val, starts, view, teacher.proprio_stats, noises, model.cfg.sample_steps, device,
+                           main_model=main_model, main_noises=main_noises)
             out["open_loop"][f"{name}_psnr"] = round(float(psnr(x.clamp(-1, 1), real).mean()), 2)
             out["open_loop"][f"{name}_ssim"] = round(float(ssim(x.clamp(-1, 1), real).mean()), 4)  # sharpness counts
     return out
@@ -346,7 +382,7 @@ def main(job: DistillJob) -> dict:
             selection[view], student, teacher = distill_view(job, view, info, train, device)
             if val is not None and job.cfg.val_transitions:
                 reports[view] = compare(student, teacher, val, view, job.cfg.val_transitions, device,
-                                        job.cfg.rollout_chunks)
+                                        job.cfg.rollout_chunks, main_teacher(job, view, device))
                 write_json(layout.wm_student(view) / "report.json", reports[view])
         if set(selection) == set(VIEWS):
             write_json(layout.student_selection, selection)
