@@ -48,3 +48,6 @@ def test_grpo_success_chunks_and_gradient_agreement_interval_are_validated():
             override(cfg, success_chunks=bad)
     with pytest.raises(ConfigError, match="grad_agreement_interval"):
         override(cfg, grad_agreement_interval=-1)
+    assert cfg.world_noise == "group" and override(cfg, world_noise="rollout").world_noise == "rollout"
+    with pytest.raises(ConfigError, match="world_noise='episode'"):
+        override(cfg, world_noise="episode")

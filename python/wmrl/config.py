@@ -694,6 +694,7 @@ class BundleConfig:
 
 GRPO_ENVS = ("sim", "wm")
 GRPO_TRAINABLE = ("expert", "all")
+WORLD_NOISE = ("group", "rollout")  # GRPOConfig.world_noise
 
 
 @dataclass(frozen=True)
@@ -723,6 +724,15 @@ class GRPOConfig:
     # the 6 failures that succeeded in imagination crossed for a single chunk and fell back; 2 asks
     # the next chunk, which the policy acts in too, to still look like success.
     success_chunks: int = 1
+    # In imagination (env=wm): whose starting noise the world models' samplers draw for a frame.
+    # "group": the members of a group share it, chunk by chunk (common random numbers, PEGASUS's
+    # fixed scenarios): as in the simulator, whose physics is deterministic, members that act alike
+    # see alike frames and their outcomes differ by what they did. "rollout": each draws its own,
+    # and part of a group's spread of outcomes is the samplers' noise, which the group-relative
+    # advantage credits to the actions. Same expected gradient (the noise is drawn apart from the
+    # policy's); on the H200 pair GRPO in imagination with "rollout" never raised the imagined
+    # success over nine steps (RESULTS.md), "group" is not yet measured there.
+    world_noise: str = "group"
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
     lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
@@ -812,6 +822,9 @@ class GRPOConfig:
         if not 1 <= self.success_chunks <= self.max_chunks:
             raise ConfigError(f"grpo.success_chunks={self.success_chunks}: 1 (the first chunk at the reward's "
                               f"threshold) up to max_chunks={self.max_chunks} chunks in a row")
+        if self.world_noise not in WORLD_NOISE:
+            raise ConfigError(f"grpo.world_noise={self.world_noise!r}: group (a group's rollouts share the world "
+                              "models' sampler noise) or rollout (each its own)")
         if self.noise_level <= 0 or self.temperature <= 0:
             raise ConfigError("grpo: noise_level and temperature must be > 0 (the ODE has no log-probability)")
         if not 0 < self.lr < 1 or self.weight_decay < 0 or self.grad_clip < 0:

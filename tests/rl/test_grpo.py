@@ -459,6 +459,29 @@ def test_keyframes_never_come_from_evaluation_states(sft_run, tmp_path):
         add_pair(run, init_mode="eval")
 
 
+def test_a_groups_rollouts_share_the_world_models_noise_unless_asked_otherwise(pair_run):
+    """world_noise="group": members that act alike see the same imagined frames (one world per
+    group, as the simulator's physics is); "rollout": the samplers' noise alone sets them apart."""
+    from wmrl.layout import RunLayout
+    from wmrl.rl.envs import ImaginedEnv
+
+    def traces(world_noise: str) -> list[list[float]]:
+        env = ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=2, seed=0, max_chunks=3,
+                          image_size=64, chunk_size=8, index_dir=None, world_noise=world_noise)
+        still = lambda obs: torch.zeros(len(obs.rollout), 8, 7)  # noqa: E731  (every member acts alike)
+        out = env.run(env.starts(1), 3, still, to_the_end=True)
+        return [[o.reward_trace for o in out if o.group == g] for g in (0, 1)]
+
+    shared, apart = traces("group"), traces("rollout")
+    for group in shared:
+        assert group[0] == group[1] == group[2]
+    assert shared[0] != shared[1]  # each group its own world
+    assert all(len({tuple(t) for t in group}) == 3 for group in apart)
+    with pytest.raises(ValueError, match="group or rollout"):
+        ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=1, seed=0, max_chunks=1, image_size=64,
+                    chunk_size=8, index_dir=None, world_noise="episode")
+
+
 # ------------------------------------------------------------------------------ the real simulator
 @pytest.mark.slow
 def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair):

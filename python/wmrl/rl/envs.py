@@ -15,7 +15,9 @@
   success once its probability reaches the threshold calibrated on validation data in
   ``success_chunks`` chunks in a row (1: the first crossing; 2 also asks the next chunk, which
   the policy acts in too, to look like success: a world model's passing glimpse of success
-  does not count).
+  does not count). A group's members draw the same sampler noise chunk by chunk
+  (``world_noise="group"``, GRPO's default): the world stays one world for the whole group, as
+  the simulator's deterministic physics is, and only the members' actions set them apart.
 
 The algorithm (``wmrl.rl.grpo``) does not know which one it drives. Start states are a pure
 function of (seed, step, group), so a resumed run draws the same ones; the imagined
@@ -95,14 +97,16 @@ def rollout_id(start: Start, member: int, group_size: int) -> int:
     return start.group * group_size + member
 
 
-def frame_noise(seed: int, step: int, rollouts: list[int], chunk: int, view: str, size: int, device) -> torch.Tensor:
+def frame_noise(seed: int, step: int, keys: list[int], chunk: int, view: str, size: int, device,
+                shared: bool = False) -> torch.Tensor:
     """The world model's starting noise for each rollout's imagined frame (B, 3, size, size): a
-    function of (seed, step, rollout, chunk, view) alone, like the policy's ``chunk_noise``, so
-    neither the batch an imagined rollout runs in nor the process that runs it changes it."""
+    function of (seed, step, key, chunk, view) alone, like the policy's ``chunk_noise``, so
+    neither the batch an imagined rollout runs in nor the process that runs it changes it. A key
+    is the rollout's id, or with ``shared`` its group's (``GRPOConfig.world_noise``)."""
     v = ("main", "wrist").index(view)
     out = []
-    for r in rollouts:
-        g = torch.Generator(device=device).manual_seed(derived_seed(seed, step, r, chunk, v, 0x1A6E))
+    for k in keys:
+        g = torch.Generator(device=device).manual_seed(derived_seed(seed, step, k, chunk, v, 0x1A6F if shared else 0x1A6E))
         out.append(torch.randn((3, size, size), generator=g, device=device))
     return torch.stack(out)
 
@@ -228,10 +232,12 @@ class ImaginedEnv:
 
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
-                 keyframes: Keyframes | None = None, success_chunks: int = 1):
+                 keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout"):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
         run's keyframe index is written once and checked on resume (None: not recorded);
-        ``success_chunks``: chunks in a row at the reward's threshold that make a success."""
+        ``success_chunks``: chunks in a row at the reward's threshold that make a success;
+        ``world_noise``: "group" (a group's rollouts share the samplers' noise) or "rollout"
+        (``GRPOConfig.world_noise``; an evaluation's trials stay apart with "rollout")."""
         from wmrl.fileio import sha256_file, write_json
         from wmrl.release.pair import PairError, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
@@ -246,6 +252,9 @@ class ImaginedEnv:
                              f"max_chunks={max_chunks}")
         self.tasks, self.groups, self.seed, self.max_chunks = tasks, groups, seed, max_chunks
         self.success_chunks = success_chunks
+        if world_noise not in ("group", "rollout"):
+            raise ValueError(f"world_noise={world_noise!r}: group or rollout")
+        self.world_noise = world_noise
         self.chunk_size, self.image_size = chunk_size, image_size
         main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)
         wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
@@ -307,6 +316,8 @@ class ImaginedEnv:
         b = len(kf)
         group = [s.group for s in starts for _ in range(group_size)]
         rid = [rollout_id(s, m, group_size) for s in starts for m in range(group_size)]
+        shared = self.world_noise == "group"
+        key = group if shared else rid  # whose sampler noise a rollout's frames start from
         instr = [self.instructions[s.task] for s in starts for _ in range(group_size)]
         self.world.start(images_to_unit(self.frames["main"][kf]), images_to_unit(self.frames["wrist"][kf]),
                          self.proprio[kf], None if self.past_actions is None else self.past_actions[kf])
@@ -331,8 +342,8 @@ class ImaginedEnv:
             rows = live.tolist()
             actions = act(ObsBatch(main[live], wrist[live], proprio[live], [instr[i] for i in rows],
                                    [rid[i] for i in rows], [t] * len(rows))).to(self.device).float()
-            noise = {view: frame_noise(self.seed, step, [rid[i] for i in rows], t, view, self.image_size, self.device)
-                     for view in ("main", "wrist")}
+            noise = {view: frame_noise(self.seed, step, [key[i] for i in rows], t, view, self.image_size, self.device,
+                                       shared) for view in ("main", "wrist")}
             with autocast:
                 m, w, p = self.world.step(actions, noise=noise)
                 seen = self.reward.inputs({"main": m, "wrist": w})
@@ -357,6 +368,7 @@ class ImaginedEnv:
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
                 "reward_threshold": self.threshold, "success_chunks": self.success_chunks, "max_chunks": self.max_chunks,
+                "world_noise": self.world_noise,
                 "keyframe_index": str(self.index_path),
                 "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)"}
 
