@@ -8,7 +8,9 @@ chunk ahead, hold the start frame over N chunks). ``make wm-distill`` reports on
 
 Each RUN is a run folder after ``wm_distill.py`` (its manifest, the teacher its selection names,
 ``worldmodels/V_student``). The rollouts start at the first held-out transitions followed by N - 1
-more of the same episode; every model draws the same noise (``distill.compare``'s).
+more of the same episode; every model draws the same noise (``distill.compare``'s). A wrist
+model starts each chunk on the main frame the selection's main model imagines (as Stage 3 and
+imagination do).
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ def main() -> None:
     rows, baseline, teacher_rows = [], {}, {}
     for run in a.runs:
         layout = RunLayout(run)
-        teacher_path = Path(read_json(layout.selection, SystemExit, "no teacher selection")[a.view]["weights"])
+        selection = read_json(layout.selection, SystemExit, "no teacher selection")
+        teacher_path = Path(selection[a.view]["weights"])
+        main_model = FrameWorldModel.from_pretrained(Path(selection["main"]["weights"])).eval() \
+            if a.view == "wrist" else None
         student_path = Path(read_json(layout.student_selection, SystemExit, "distil first")[a.view]["weights"])
         teacher = FrameWorldModel.from_pretrained(teacher_path).eval()
         student = FrameWorldModel.from_pretrained(student_path).eval()
@@ -60,7 +65,8 @@ def main() -> None:
         val = Transitions(val_eps, teacher.cfg.context, "cpu", teacher.cfg.action_history)
         row = {"run": run, "student": str(student_path), "by_chunks": {}}
         for n in horizons:
-            r = compare(student, teacher, val, a.view, a.rollouts, torch.device("cpu"), chunks=max(n, 1))
+            r = compare(student, teacher, val, a.view, a.rollouts, torch.device("cpu"), chunks=max(n, 1),
+                        main_model=main_model)
             starts = rollout_starts(val, n)[:a.rollouts]
             if n == 1:
                 got = {"student_psnr": r["student"]["psnr"], "student_ssim": r["student"]["ssim"],
