@@ -58,7 +58,10 @@ def main() -> None:
         teacher_path = Path(selection[a.view]["weights"])
         main_model = FrameWorldModel.from_pretrained(Path(selection["main"]["weights"])).eval() \
             if a.view == "wrist" else None
-        student_path = Path(read_json(layout.student_selection, SystemExit, "distil first")[a.view]["weights"])
+        saved = sorted(layout.wm_student(a.view).glob("global_step_*"), key=lambda d: int(d.name.rsplit("_", 1)[1]))
+        if not saved:
+            sys.exit(f"{layout.wm_student(a.view)}: no student saved (python python/wm_distill.py --run {run})")
+        student_path = saved[-1]  # the newest: where distillation stopped (one view alone writes no selection)
         teacher = FrameWorldModel.from_pretrained(teacher_path).eval()
         student = FrameWorldModel.from_pretrained(student_path).eval()
         _, _, val_eps = load_split(layout.manifest, teacher.cfg.chunk_size)
