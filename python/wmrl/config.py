@@ -551,7 +551,10 @@ class DistillConfig:
     log_interval: int = 25
     val_transitions: int = 256  # held-out transitions the report compares student and teacher on
     seed: int = 0
-    self_forcing_steps: int = 0  # Stage 3 (SF-DMD) iterations after the sampler distillation; 0: none
+    # Stage 3 (SF-DMD) iterations after the sampler distillation; 0: none. Off: on real LIBERO frames
+    # (CPU, 64 px, two seeds and two variants; bench/RESULTS.md "Stage 3 on real LIBERO frames") it
+    # cost ~1 dB PSNR and SSIM at 1-10 chunks against the distilled student, which matches its teacher
+    self_forcing_steps: int = 0
     rollout_chunks: int = 3  # chunks of each self-forcing rollout (the last one carries the gradient)
     student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
     critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
