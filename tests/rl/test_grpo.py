@@ -559,9 +559,12 @@ def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, t
     for run in (one, two):
         shutil.copytree(sft_run, run)
         # the untrained main-view reward's peaks here lie in 0.573-0.578 (``reward_peak`` in
-        # rollouts.jsonl; read them again if the tiny models change): this cuts inside groups
+        # rollouts.jsonl; read them again if the tiny models change): this cuts inside groups.
+        # The untrained world models hardly answer the actions, so with the group's shared noise
+        # (the default) a group would see one outcome and skip: each rollout draws its own here
         add_pair(run, threshold=0.5755, reward_views=("main",))
-    args = ["python/grpo.py", "--profile", "tiny", "--env", "wm", "--target", "2", "--eval-tasks", "0", "--no-eval-first",
+    args = ["python/grpo.py", "--profile", "tiny", "--env", "wm", "--world-noise", "rollout", "--target", "2",
+            "--eval-tasks", "0", "--no-eval-first",
             "--workers", "1", "--envs-per-worker", "1", "--max-steps", "16", "--device", "cpu", "--no-progress",
             "--no-tensorboard"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
