@@ -140,7 +140,7 @@ grpo: setup
 	$(PER_GPU_PY) python/grpo.py --profile $(PROFILE) --run-dir $(RUN) --target $(TARGET) \
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) \
-		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(DRY)
+		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(call opt,--world-noise,$(WORLD_NOISE)) $(DRY)
 
 # The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
