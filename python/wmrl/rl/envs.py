@@ -36,7 +36,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from wmrl.config import SimConfig
+from wmrl.config import WORLD_NOISE, SimConfig
 
 
 @dataclass
@@ -252,8 +252,8 @@ class ImaginedEnv:
                              f"max_chunks={max_chunks}")
         self.tasks, self.groups, self.seed, self.max_chunks = tasks, groups, seed, max_chunks
         self.success_chunks = success_chunks
-        if world_noise not in ("group", "rollout"):
-            raise ValueError(f"world_noise={world_noise!r}: group or rollout")
+        if world_noise not in WORLD_NOISE:
+            raise ValueError(f"world_noise={world_noise!r}: {' or '.join(WORLD_NOISE)}")
         self.world_noise = world_noise
         self.chunk_size, self.image_size = chunk_size, image_size
         main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)

@@ -101,9 +101,10 @@ def _draw(cfg: DistillConfig, step: int, view_index: int, n: int, shape: tuple[i
     return torch.randint(n, (cfg.batch,), generator=g), torch.randn((cfg.batch, *shape), generator=g)
 
 
-def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) -> tuple[dict, object, object]:
+def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device,
+                 main_model=None) -> tuple[dict, object, object]:
     """Distil one view to ``job.cfg.steps`` updates; returns the selection entry, the student
-    and the teacher."""
+    and the teacher. ``main_model``: what a wrist rollout's main frames come from (``main_teacher``)."""
     from tqdm import tqdm
 
     from wmrl.logs import MetricsLog
@@ -157,7 +158,8 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device) 
         if step % cfg.save_interval == 0 or step == cfg.steps:
             save(out, student, opt, step, teacher_info, cfg)
     if cfg.self_forcing_steps:
-        step = self_forcing(job, view, student, teacher, opt, train, device, step, state, teacher_info, log, bar)
+        step = self_forcing(job, view, student, teacher, opt, train, device, step, state, teacher_info, log, bar,
+                            main_model)
     bar.close()
     entry = {"weights": str(out / step_name(step)), "step": step, "reason": "finished",
              "teacher": str(teacher_info["weights"]), "sample_steps": cfg.student_steps,
@@ -197,15 +199,12 @@ def rollout(model, data, idx, view: str, norm: dict, noises, steps: int, device,
     return x, {**b, "frames": frames}
 
 
-def main_teacher(job: DistillJob, view: str, device):
+def main_teacher(job: DistillJob, device):
     """The model whose frames a wrist rollout starts each chunk on (``rollout``'s
     ``main_model``): the selection's main model, the distribution the main student is distilled
-    towards and there before any student is (a view may be distilled alone); None for the
-    main view."""
+    towards and there before any student is (a view may be distilled alone)."""
     from wmrl.worldmodel.model import FrameWorldModel
 
-    if view != "wrist":
-        return None
     sel = read_json(RunLayout(job.run).selection, DistillError, "update the world models first")
     return FrameWorldModel.from_pretrained(Path(sel["main"]["weights"]), device).eval().requires_grad_(False)
 
@@ -239,7 +238,7 @@ def dmd_loss(x, b, teacher, critic, g: torch.Generator):
 
 
 def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, device, step: int, state, teacher_info,
-                 log, bar) -> int:
+                 log, bar, main_model=None) -> int:
     """Stage 3 (SF-DMD) from ``step`` to ``steps + self_forcing_steps``; returns the last step."""
     from wmrl.worldmodel.model import FrameWorldModel
 
@@ -259,7 +258,6 @@ def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, devic
         group["lr"] = cfg.self_forcing_lr
     shape = (3, student.cfg.image_size, student.cfg.image_size)
     norm = teacher.proprio_stats
-    main_model = main_teacher(job, view, device)
     t0 = time.perf_counter()
     while step < total:
         step += 1
@@ -377,12 +375,15 @@ def main(job: DistillJob) -> dict:
                            "lower --rollout-chunks")
     val = Transitions(val_eps, cfg0.context, device, cfg0.action_history) if val_eps else None
     selection, reports = {}, {}
+    # loaded once: a wrist model's rollouts (Stage 3, the report's open loop) start each chunk on its frames
+    main_frames = main_teacher(job, device) if any(t["cfg"].condition_on_main for t in teachers.values()) else None
     with exclusive(layout.worldmodels, "make wm-distill"):
         for view, info in teachers.items():
-            selection[view], student, teacher = distill_view(job, view, info, train, device)
+            main_model = main_frames if info["cfg"].condition_on_main else None
+            selection[view], student, teacher = distill_view(job, view, info, train, device, main_model)
             if val is not None and job.cfg.val_transitions:
                 reports[view] = compare(student, teacher, val, view, job.cfg.val_transitions, device,
-                                        job.cfg.rollout_chunks, main_teacher(job, view, device))
+                                        job.cfg.rollout_chunks, main_model)
                 write_json(layout.wm_student(view) / "report.json", reports[view])
         if set(selection) == set(VIEWS):
             write_json(layout.student_selection, selection)
