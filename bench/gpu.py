@@ -1,7 +1,7 @@
 """The GPU measurements of bench/RESULTS.md: each phase runs the kit's own stage scripts with
 the Make variables' names and meanings, on a lent GPU machine (``bash bench/prepare_gpu.sh``
 readies it; this script calls it). Every phase writes its variables, the machine and the
-versions beside its figures (``BENCH_OUT/<phase>_settings.json``), the wall time of every stage
+versions beside its figures (``BENCH_OUT/<phase><TAG>_settings.json``), the wall time of every stage
 (``BENCH_OUT/times.jsonl``), the stages' logs, and a tarball of the run's small artefacts
 (``BENCH_OUT``: default runs/gpu_out; bring it back in one tarball, the lent machine's tool
 returns only a few files).
@@ -566,7 +566,8 @@ def main(argv: list[str]) -> None:
     env = prepare()
     info = machine(env)
     for name in phase.split("+"):
-        (OUT / f"{name}_settings.json").write_text(json.dumps({"phase": name, "variables": v, "machine": info}, indent=2))
+        settings = OUT / f"{name}{v.get('TAG', '')}_settings.json"  # TAG: two phases at once keep a file each
+        settings.write_text(json.dumps({"phase": name, "variables": v, "machine": info}, indent=2))
         PHASES[name](v, env)
 
 

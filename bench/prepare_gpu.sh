@@ -7,6 +7,10 @@
 # Idempotent; prints the environment the stages need (bench/gpu.py sources it itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# two phases started at once (grpo and grpo TAG=_b) both prepare: the second waits for the first,
+# whose half-unpacked files it would otherwise trip over (seen: exit 2 in dpkg -x)
+exec 9>/tmp/wmrl_prepare_gpu.lock
+flock 9
 if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 [ -d /tmp/sim/robosuite ] || python3 python/offline_bundle.py install --bundle .offline/py312 --target /tmp/sim --no-check >&2
 if [ -d .offline/wm312 ] && [ ! -d /tmp/wm/deepspeed ]; then
