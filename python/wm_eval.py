@@ -102,10 +102,10 @@ def main(args) -> int:
                                              "controls")
                       if k in result},
                      indent=1))
+    from wmrl.report import agreement_text
+
     print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(
-        f"k={k}: {a['balanced_accuracy']}" + (" (95%: {}-{})".format(*a["balanced_accuracy_95"])
-                                               if a.get("balanced_accuracy_95") else "")
-        for k, a in result["agreement_by_success_chunks"].items()))
+        f"k={k}: {agreement_text(a)}" for k, a in result["agreement_by_success_chunks"].items()))
     print(f"[wm-eval] {pair.root / 'fidelity.json'}")
     return 0
 

@@ -389,3 +389,10 @@ def test_the_report_tables_grpo_steps_at_most_forty_rows_the_last_kept(tmp_path)
     assert len(rows) == 40 and rows[0][0] == 1 and rows[-1][0] == 50
     assert rows[-1][1:] == ["50.0%", "20 / 64", "0.0040", "1.00e-05", "16.2", "11.0", "5000"]
     assert grpo_steps(tmp_path / "none.jsonl") == []
+
+
+def test_an_agreement_reads_with_its_interval_where_one_was_drawn():
+    from wmrl.report import agreement_text
+
+    assert agreement_text({"balanced_accuracy": 0.875, "balanced_accuracy_95": [0.75, 1.0]}) == "0.875 (95%: 0.75-1.0)"
+    assert agreement_text({"balanced_accuracy": 0.5, "balanced_accuracy_95": None}) == "0.5"

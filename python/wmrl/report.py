@@ -126,6 +126,12 @@ def grpo_steps(log: Path, most: int = 40) -> list[Block]:
                fmt(r, "env_steps_per_s", ".0f")] for r in (rows[i] for i in keep)])]
 
 
+def agreement_text(a: dict) -> str:
+    """An episode agreement's balanced accuracy, with its 95% interval where ``wm-eval`` drew one."""
+    ci = a.get("balanced_accuracy_95")
+    return f"{a['balanced_accuracy']}" + (" (95%: {}-{})".format(*ci) if ci else "")
+
+
 def world_models(pair: Path, run: Path) -> list[Block]:
     f = pair / "fidelity.json"
     if not f.exists():
@@ -136,8 +142,8 @@ def world_models(pair: Path, run: Path) -> list[Block]:
     a, r = d.get("agreement") or {}, d.get("reward") or {}
     ceiling = d.get("agreement_on_real_frames") or {}  # the reward reading the real frames
     out.append(("table", ["figure", "value"], [
-        ["episode agreement with the simulator (balanced accuracy; target 0.85)", a.get("balanced_accuracy", "-")
-         if not a.get("balanced_accuracy_95") else "{} (95%: {}-{})".format(a["balanced_accuracy"], *a["balanced_accuracy_95"])],
+        ["episode agreement with the simulator (balanced accuracy; target 0.85)",
+         agreement_text(a) if "balanced_accuracy" in a else "-"],
         ["the same reward reading the real frames (its ceiling)", ceiling.get("balanced_accuracy", "-")],
         ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],
