@@ -1,0 +1,77 @@
+"""GRPO runs side by side, from their logs alone (no weights, no GPU): what an A/B of two settings
+needs, e.g. the two arms of ``grpo.world_noise`` brought back from the lent machine as tarballs.
+
+    python bench/grpo_compare.py runs/h200/grpo/seed0 runs/h200/grpo/seed1 runs/h200/grpo_b/seed0 ...
+
+One row per run: rollout success per step, the groups that carried an advantage (members whose
+outcomes differ; the rest are skipped), the gradient cosine of the two halves of the groups where
+it was measured, the mean rollout and update seconds, and the newest real evaluation. Then, per
+setting that differs between the runs (the ``grpo`` settings in each run's newest policy
+checkpoint), the pooled
+share of groups with mixed outcomes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def steps(run: Path) -> list[dict]:
+    log = run / "logs" / "grpo.jsonl"
+    if not log.is_file():
+        sys.exit(f"error: {log} not found: give GRPO run folders (each with logs/grpo.jsonl)")
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "rollout_success" in r]
+
+
+def settings(run: Path) -> dict:
+    """The GRPO settings the run's newest policy checkpoint was trained with."""
+    cks = sorted((run / "weights" / "policy").glob("global_step_*/config.json"),
+                 key=lambda f: int(f.parent.name.rsplit("_", 1)[1]))
+    return json.loads(cks[-1].read_text()).get("grpo", {}) if cks else {}
+
+
+def newest_eval(run: Path) -> str:
+    evs = sorted((run / "evidence" / "evaluations").glob("global_step_*.json"),
+                 key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    if not evs:
+        return "-"
+    d = json.loads(evs[-1].read_text()).get("summary", {})
+    s, n = d.get("successes"), d.get("trials")
+    return f"step {evs[-1].stem.rsplit('_', 1)[1]}: {s} / {n}" if s is not None and n else evs[-1].stem
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="GRPO run folders")
+    a = p.parse_args(argv)
+    runs = {r: (steps(r), settings(r)) for r in a.runs}
+    keys = sorted({k for _, cfg in runs.values() for k in cfg})
+    differ = [k for k in keys if len({json.dumps(cfg.get(k)) for _, cfg in runs.values()}) > 1 and k != "seed"]
+    print("| run | " + " | ".join(differ) + (" | " if differ else "") + "rollout success per step | "
+          "groups with mixed outcomes per step | gradient cosine of halves | rollout / update s | newest real evaluation |")
+    print("|---" * (len(differ) + 6) + "|")
+    pooled: dict[str, list[int]] = {}
+    for run, (rows, cfg) in runs.items():
+        mixed = [r["groups"] - r["skipped_groups"] for r in rows]
+        cos = [f"{r['grad_cos_halves']:+.2f}" for r in rows if isinstance(r.get("grad_cos_halves"), float)
+               and r["grad_cos_halves"] == r["grad_cos_halves"]]  # NaN where not measured that step
+        mean = lambda k: sum(r[k] for r in rows) / max(len(rows), 1)  # noqa: E731
+        tag = ", ".join(f"{k}={cfg.get(k)}" for k in differ) or "all"
+        got = pooled.setdefault(tag, [0, 0])
+        got[0] += sum(mixed)
+        got[1] += sum(r["groups"] for r in rows)
+        print(f"| {run} | " + " | ".join(str(cfg.get(k)) for k in differ) + (" | " if differ else "")
+              + ", ".join(f"{100 * r['rollout_success']:.1f}" for r in rows) + "% | "
+              + ", ".join(f"{m}/{r['groups']}" for m, r in zip(mixed, rows)) + f" | {', '.join(cos) or '-'} | "
+              + f"{mean('rollout_s'):.1f} / {mean('update_s'):.1f} | {newest_eval(run)} |")
+    print()
+    for tag, (m, n) in pooled.items():
+        print(f"{tag}: {m} of {n} group-steps had mixed outcomes ({100 * m / max(n, 1):.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
