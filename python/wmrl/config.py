@@ -558,6 +558,9 @@ class DistillConfig:
     rollout_chunks: int = 3  # chunks of each self-forcing rollout (the last one carries the gradient)
     student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
     critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
+    # Stage 3's first iterations update the critic only (DMD2's practice: a fake score that has seen
+    # the student's frames before the student follows its gradient); counted in self_forcing_steps
+    critic_warmup: int = 0
     self_forcing_lr: float = 1e-5  # Stage 3: the student's rate (at the distillation's 1e-4 DMD moves it far: bench/RESULTS.md)
 
     def __post_init__(self) -> None:
@@ -566,6 +569,9 @@ class DistillConfig:
                 raise ConfigError(f"wm distillation: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.val_transitions < 0:
             raise ConfigError("wm distillation: lr > 0 and val_transitions >= 0")
+        if not 0 <= self.critic_warmup < max(self.self_forcing_steps, 1):
+            raise ConfigError(f"wm distillation: critic_warmup={self.critic_warmup} must be >= 0 and below "
+                              f"self_forcing_steps={self.self_forcing_steps} (the warm-up is part of Stage 3's iterations)")
         if self.self_forcing_steps < 0 or self.student_every < 2 or self.critic_lr <= 0 or self.self_forcing_lr <= 0:
             raise ConfigError(f"wm distillation: self_forcing_steps={self.self_forcing_steps} (>= 0), "
                               f"student_every={self.student_every} (>= 2: one student update, the rest critic), "

@@ -142,6 +142,13 @@ def test_stage3_alternates_student_and_critic_on_the_students_own_rollouts(traje
     assert -1 <= ol["student_ssim"] <= 1 and -1 <= ol["teacher_ssim"] <= 1
 
 
+def test_stage3_critic_warmup_updates_the_critic_alone_first(trajectories, tmp_path):
+    run = teacher_run(tmp_path / "run", trajectories)
+    main(DistillJob(run, dataclasses.replace(SF, critic_warmup=2), views=("main",), progress=False))
+    log = [json.loads(line) for line in (RunLayout(run).logs / "wm_distill_main.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in log if r.get("phase") == "sf_dmd"] == ["critic"] * 4 + ["student", "critic"]
+
+
 def test_stage3_resumes_bit_for_bit_with_its_critic(trajectories, tmp_path):
     straight = teacher_run(tmp_path / "straight", trajectories)
     main(DistillJob(straight, SF, views=("main",), progress=False))
@@ -200,6 +207,8 @@ def test_stage3_bad_settings_are_refused(trajectories, tmp_path):
 
     with pytest.raises(ConfigError, match="student_every=1"):
         DistillConfig(student_every=1)
+    with pytest.raises(ConfigError, match="critic_warmup=300 must be >= 0 and below self_forcing_steps=300"):
+        DistillConfig(self_forcing_steps=300, critic_warmup=300)
     run = teacher_run(tmp_path / "run", trajectories)
     with pytest.raises(DistillError, match="lower --rollout-chunks"):
         main(DistillJob(run, dataclasses.replace(SF, rollout_chunks=50), progress=False))

@@ -19,7 +19,8 @@ noised to a random level and denoised by the frozen teacher (the real score, wit
 action guidance) and by a critic (the fake score: a copy of the teacher that keeps learning,
 with the EDM loss, the student's own rollouts); the student's frame moves along the difference
 of the two, normalised by its distance to the teacher's estimate. Of every ``student_every``
-iterations one updates the student and the rest the critic, each with its own optimizer.
+iterations one updates the student and the rest the critic, each with its own optimizer; the
+first ``critic_warmup`` iterations update the critic alone.
 
 Read top to bottom: ``load_teachers`` checks the inputs, ``distill_view`` is the loop for one
 view (resumed from ``state.pt`` if there is one), ``self_forcing`` its Stage 3 (``rollout``,
@@ -266,7 +267,8 @@ def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, devic
         noises = torch.randn((cfg.rollout_chunks, cfg.batch, *shape), generator=g)
         main_noises = None if main_model is None else torch.randn(
             (cfg.rollout_chunks - 1, cfg.batch, 3, main_model.cfg.image_size, main_model.cfg.image_size), generator=g)
-        update_student = (step - cfg.steps) % cfg.student_every == 0
+        i = step - cfg.steps - cfg.critic_warmup  # the warm-up's iterations are the critic's alone
+        update_student = i > 0 and i % cfg.student_every == 0
         x, b = rollout(student, train, idx, view, norm, noises, cfg.student_steps, device, grad=update_student,
                        main_model=main_model, main_noises=main_noises)
         with _autocast(device):
