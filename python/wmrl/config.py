@@ -559,7 +559,8 @@ class DistillConfig:
     student_every: int = 6  # Stage 3: one student update per this many iterations, the rest critic
     critic_lr: float = 5e-5  # Stage 3: the critic's own optimizer
     # Stage 3's first iterations update the critic only (DMD2's practice: a fake score that has seen
-    # the student's frames before the student follows its gradient); counted in self_forcing_steps
+    # the student's frames before the student follows its gradient); counted in self_forcing_steps.
+    # 100 of them on real LIBERO frames changed nothing (bench/RESULTS.md "Stage 3 on real LIBERO frames")
     critic_warmup: int = 0
     self_forcing_lr: float = 1e-5  # Stage 3: the student's rate (at the distillation's 1e-4 DMD moves it far: bench/RESULTS.md)
 
