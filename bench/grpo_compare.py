@@ -18,6 +18,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from wmrl.layout import RunLayout, parse_step_name  # noqa: E402
+
 
 def steps(run: Path) -> list[dict]:
     log = run / "logs" / "grpo.jsonl"
@@ -29,19 +33,21 @@ def steps(run: Path) -> list[dict]:
 
 def settings(run: Path) -> dict:
     """The GRPO settings the run's newest policy checkpoint was trained with."""
-    cks = sorted((run / "weights" / "policy").glob("global_step_*/config.json"),
-                 key=lambda f: int(f.parent.name.rsplit("_", 1)[1]))
-    return json.loads(cks[-1].read_text()).get("grpo", {}) if cks else {}
+    layout = RunLayout(run)
+    steps = layout.policy_steps()
+    return json.loads((layout.checkpoint(steps[-1]) / "config.json").read_text()).get("grpo", {}) if steps else {}
 
 
 def newest_eval(run: Path) -> str:
-    evs = sorted((run / "evidence" / "evaluations").glob("global_step_*.json"),
-                 key=lambda p: int(p.stem.rsplit("_", 1)[1]))
-    if not evs:
+    layout = RunLayout(run)
+    folder = layout.evidence_dir()
+    steps = sorted(s for s in (parse_step_name(f.stem) for f in folder.glob("*.json")) if s is not None) \
+        if folder.is_dir() else []
+    if not steps:
         return "-"
-    d = json.loads(evs[-1].read_text()).get("summary", {})
+    d = json.loads(layout.evidence(steps[-1]).read_text()).get("summary", {})
     s, n = d.get("successes"), d.get("trials")
-    return f"step {evs[-1].stem.rsplit('_', 1)[1]}: {s} / {n}" if s is not None and n else evs[-1].stem
+    return f"step {steps[-1]}: {s} / {n}" if s is not None and n else f"step {steps[-1]}"
 
 
 def main(argv=None) -> None:

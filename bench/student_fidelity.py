@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from wmrl.fileio import read_json  # noqa: E402
-from wmrl.layout import RunLayout  # noqa: E402
+from wmrl.layout import RunLayout, parse_step_name, step_name  # noqa: E402
 from wmrl.worldmodel.data import Transitions, load_split  # noqa: E402
 from wmrl.worldmodel.distill import compare, rollout_starts  # noqa: E402
 from wmrl.worldmodel.fidelity import psnr, ssim  # noqa: E402
@@ -58,10 +58,12 @@ def main() -> None:
         teacher_path = Path(selection[a.view]["weights"])
         main_model = FrameWorldModel.from_pretrained(Path(selection["main"]["weights"])).eval() \
             if a.view == "wrist" else None
-        saved = sorted(layout.wm_student(a.view).glob("global_step_*"), key=lambda d: int(d.name.rsplit("_", 1)[1]))
+        folder = layout.wm_student(a.view)
+        saved = sorted(s for s in (parse_step_name(d.name) for d in folder.glob("*")) if s is not None)
         if not saved:
-            sys.exit(f"{layout.wm_student(a.view)}: no student saved (python python/wm_distill.py --run {run})")
-        student_path = saved[-1]  # the newest: where distillation stopped (one view alone writes no selection)
+            sys.exit(f"{folder}: no student saved (python python/wm_distill.py --run {run})")
+        # the newest: where distillation stopped (a view distilled alone writes no selection)
+        student_path = folder / step_name(saved[-1])
         teacher = FrameWorldModel.from_pretrained(teacher_path).eval()
         student = FrameWorldModel.from_pretrained(student_path).eval()
         _, _, val_eps = load_split(layout.manifest, teacher.cfg.chunk_size)

@@ -570,13 +570,13 @@ class DistillConfig:
                 raise ConfigError(f"wm distillation: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.val_transitions < 0:
             raise ConfigError("wm distillation: lr > 0 and val_transitions >= 0")
-        if not 0 <= self.critic_warmup < max(self.self_forcing_steps, 1):
-            raise ConfigError(f"wm distillation: critic_warmup={self.critic_warmup} must be >= 0 and below "
-                              f"self_forcing_steps={self.self_forcing_steps} (the warm-up is part of Stage 3's iterations)")
         if self.self_forcing_steps < 0 or self.student_every < 2 or self.critic_lr <= 0 or self.self_forcing_lr <= 0:
             raise ConfigError(f"wm distillation: self_forcing_steps={self.self_forcing_steps} (>= 0), "
                               f"student_every={self.student_every} (>= 2: one student update, the rest critic), "
                               f"critic_lr={self.critic_lr}, self_forcing_lr={self.self_forcing_lr} (> 0)")
+        if not 0 <= self.critic_warmup < max(self.self_forcing_steps, 1):
+            raise ConfigError(f"wm distillation: critic_warmup={self.critic_warmup} must be >= 0 and below "
+                              f"self_forcing_steps={self.self_forcing_steps} (the warm-up is part of Stage 3's iterations)")
 
 
 @dataclass(frozen=True)
