@@ -4,7 +4,7 @@
     python bench/sf_toy_data.py R [--episodes 200]     # then: python python/wm_update.py --profile tiny --run R
 
 Writes R/data/{new,replay}/*.hdf5 (a square that moves by the chunk's summed actions, both
-views; the tests' ``moving_square_episode``, through the kit's real HDF5 writer) and
+views; ``wmrl.data.synthetic.moving_square_episode``, through the kit's real HDF5 writer) and
 R/manifest.json (10% of the episodes held out).
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "python")]
+sys.path[:0] = [str(REPO / "python")]
 
-from tests.worldmodel.conftest import moving_square_episode, write_file  # noqa: E402
 from wmrl.data.manifest import build_manifest  # noqa: E402
+from wmrl.data.synthetic import moving_square_episode, write_file  # noqa: E402
 
 
 def main() -> None:
