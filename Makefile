@@ -220,6 +220,7 @@ offline-install:
 #        WM_GPUS_WRIST pick the GPU groups (default half and half, one GPU shared; CPU without GPUs); HOSTFILE=f for
 #        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows)
 #   make wm-reward RUN=r [CONTROL_NEGATIVES=hold,random]  the frozen success classifier  RUN/worldmodels/reward/
+#        STUDENTS=1: trained on the one-step students' frames, for their pair  RUN/worldmodels/reward_students/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
 #   make wm-distill RUN=r     one-step students of both views                         RUN/worldmodels/*_student/
@@ -241,7 +242,7 @@ wm-update: setup
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \
-		$(OVER) $(if $(CONTROL_NEGATIVES),--control-negatives $(CONTROL_NEGATIVES))
+		$(OVER) $(if $(CONTROL_NEGATIVES),--control-negatives $(CONTROL_NEGATIVES)) $(if $(call yes,$(STUDENTS)),--students)
 
 package: setup
 	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \
@@ -249,7 +250,8 @@ package: setup
 
 # Few-step students of both world models (wmrl.worldmodel.distill); STEPS, VIEW, DRY_RUN=1;
 # SF_STEPS=N adds N iterations of Stage 3 (self-forcing DMD) after them. Then
-# `make package STUDENTS=1 OVERWRITE=1` packs them as the pair GRPO imagines in.
+# `make wm-reward STUDENTS=1` (a reward on the students' frames) and `make package STUDENTS=1
+# OVERWRITE=1` pack them as the pair GRPO imagines in.
 wm-distill: setup
 	$(WM_PY) python/wm_distill.py --profile $(PROFILE) --run $(RUN) $(call opt,--steps,$(STEPS)) \
 		$(call opt,--self-forcing-steps,$(SF_STEPS)) $(call opt,--view,$(VIEW)) $(DRY)

@@ -395,6 +395,7 @@ def phase_distill(v: dict, env: dict) -> None:
                                           *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else []),
                                           *(["--self-forcing-steps", v["SF_STEPS"]] if "SF_STEPS" in v else [])], env)
     students = f"{run}/model_pair_students"
+    stage("wm_reward_students", "wm_reward.py", ["--run", run, "--students", "--no-progress", "--overwrite"], env)
     stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
     for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):
         stage(f"wm_eval_{name}", "wm_eval.py", ["--run", run, "--pair", pair, "--videos", "2"], env)

@@ -6,8 +6,8 @@ needs, e.g. the two arms of ``grpo.world_noise`` brought back from the lent mach
 One row per run: rollout success per step, the groups that carried an advantage (members whose
 outcomes differ; the rest are skipped), the gradient cosine of the two halves of the groups where
 it was measured, the mean rollout and update seconds, and the newest real evaluation. Then, per
-setting that differs between the runs (the ``grpo`` settings in each run's newest policy
-checkpoint), the pooled
+setting that differs between the runs (the ``grpo`` and environment settings in each run's newest
+policy checkpoint), the pooled
 share of groups with mixed outcomes.
 """
 
@@ -32,10 +32,16 @@ def steps(run: Path) -> list[dict]:
 
 
 def settings(run: Path) -> dict:
-    """The GRPO settings the run's newest policy checkpoint was trained with."""
+    """The GRPO settings the run's newest policy checkpoint was trained with, and its
+    environment's plain settings as ``env.<name>`` (e.g. ``env.pair``: which pair it imagined in)."""
     layout = RunLayout(run)
     steps = layout.policy_steps()
-    return json.loads((layout.checkpoint(steps[-1]) / "config.json").read_text()).get("grpo", {}) if steps else {}
+    if not steps:
+        return {}
+    cfg = json.loads((layout.checkpoint(steps[-1]) / "config.json").read_text())
+    env = {f"env.{k}": v for k, v in cfg.get("env", {}).items()
+           if not isinstance(v, (dict, list)) and k != "keyframe_index"}  # (the index lives in each run: always differs)
+    return {**cfg.get("grpo", {}), **env}
 
 
 def newest_eval(run: Path) -> str:
@@ -58,14 +64,16 @@ def main(argv=None) -> None:
     keys = sorted({k for _, cfg in runs.values() for k in cfg})
     differ = [k for k in keys if len({json.dumps(cfg.get(k)) for _, cfg in runs.values()}) > 1 and k != "seed"]
     print("| run | " + " | ".join(differ) + (" | " if differ else "") + "rollout success per step | "
-          "groups with mixed outcomes per step | gradient cosine of halves | rollout / update s | newest real evaluation |")
-    print("|---" * (len(differ) + 6) + "|")
+          "groups with mixed outcomes per step | gradient cosine of halves | rollout / update s | env steps/s | "
+          "newest real evaluation |")
+    print("|---" * (len(differ) + 7) + "|")
     pooled: dict[str, list[int]] = {}
     for run, (rows, cfg) in runs.items():
         mixed = [r["groups"] - r["skipped_groups"] for r in rows]
         cos = [f"{r['grad_cos_halves']:+.2f}" for r in rows if isinstance(r.get("grad_cos_halves"), float)
                and r["grad_cos_halves"] == r["grad_cos_halves"]]  # NaN where not measured that step
         mean = lambda k: sum(r[k] for r in rows) / max(len(rows), 1)  # noqa: E731
+        rate = [r["env_steps_per_s"] for r in rows if "env_steps_per_s" in r]  # with the policy in the loop
         tag = ", ".join(f"{k}={cfg.get(k)}" for k in differ) or "all"
         got = pooled.setdefault(tag, [0, 0])
         got[0] += sum(mixed)
@@ -73,7 +81,8 @@ def main(argv=None) -> None:
         print(f"| {run} | " + " | ".join(str(cfg.get(k)) for k in differ) + (" | " if differ else "")
               + ", ".join(f"{100 * r['rollout_success']:.1f}" for r in rows) + "% | "
               + ", ".join(f"{m}/{r['groups']}" for m, r in zip(mixed, rows)) + f" | {', '.join(cos) or '-'} | "
-              + f"{mean('rollout_s'):.1f} / {mean('update_s'):.1f} | {newest_eval(run)} |")
+              + f"{mean('rollout_s'):.1f} / {mean('update_s'):.1f} | "
+              + (f"{min(rate):,.0f}-{max(rate):,.0f}" if rate else "-") + f" | {newest_eval(run)} |")
     print()
     for tag, (m, n) in pooled.items():
         print(f"{tag}: {m} of {n} group-steps had mixed outcomes ({100 * m / max(n, 1):.0f}%)")

@@ -16,4 +16,7 @@ if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 if [ -d .offline/wm312 ] && [ ! -d /tmp/wm/deepspeed ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl >&2
 fi
+if [ -d .offline/wm312 ] && ! PYTHONPATH=/tmp/wm python3 -c "import deepspeed" 2>/dev/null; then
+  echo "error: .offline/wm312 brought no working DeepSpeed (rebuild it here: bash bench/make_wm_wheels.sh)" >&2; exit 2
+fi
 echo "PYTHONPATH=/tmp/sim:/tmp/wm:$PWD/python MUJOCO_GL=egl PYTHONUNBUFFERED=1 TQDM_DISABLE=1"

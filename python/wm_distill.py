@@ -3,7 +3,8 @@
     python python/wm_distill.py --run runs/c1                   # both views, the profile's settings
     python python/wm_distill.py --profile tiny --run runs/t --steps 4
     python python/wm_distill.py --run runs/c1 --self-forcing-steps 600  # then Stage 3 (SF-DMD) on its own frames
-    make wm-distill RUN=runs/c1 [STEPS=1000] ; make package RUN=runs/c1 STUDENTS=1 OVERWRITE=1
+    make wm-distill RUN=runs/c1 [STEPS=1000]
+    make wm-reward RUN=runs/c1 STUDENTS=1; make package RUN=runs/c1 STUDENTS=1 OVERWRITE=1   # their pair
 
 Reads RUN/train/selected_world_models.json (the teachers) and RUN/manifest.json, writes
 RUN/worldmodels/{main,wrist}_student/ and RUN/train/selected_students.json
@@ -63,7 +64,8 @@ def main(args, job) -> int:
                   f"PSNR {o['student_psnr']} (student) vs {o['teacher_psnr']} dB (teacher), "
                   f"SSIM {o['student_ssim']} vs {o['teacher_ssim']}")
     if len(result["selection"]) == len(VIEWS):
-        print(f"[distill] students: {layout.student_selection} (make package RUN={job.run} STUDENTS=1 OVERWRITE=1)")
+        print(f"[distill] students: {layout.student_selection} (their pair: make wm-reward RUN={job.run} STUDENTS=1, "
+              f"then make package RUN={job.run} STUDENTS=1 OVERWRITE=1)")
     return 0
 
 

@@ -2,11 +2,14 @@
 
     python python/wm_reward.py --run runs/c1                  # RUN/manifest.json -> RUN/worldmodels/reward/
     python python/wm_reward.py --profile tiny --run runs/t
+    python python/wm_reward.py --run runs/c1 --students      # on the students' frames -> worldmodels/reward_students/
 
 Labels are the simulator's per-frame success in the trajectory files; the threshold is
 calibrated on the first half of the manifest's validation episodes (``held_out_halves``: the
 other half is where ``make wm-eval`` measures agreement) and stored with the weights. A finished
-reward model is left alone (pass --overwrite to train it again).
+reward model is left alone (pass --overwrite to train it again). ``--students``: the generated
+frames come from the few-step students of ``make wm-distill``, whose pair needs a reward of its own
+(the teacher's reward reads the students' frames at chance; bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--control-negatives", metavar="NAMES",
                    help="hold,random (or one): the pair's rollouts under these controls join training as failures "
                         "(RewardConfig.control_negatives; 'none': off; default: the profile's)")
+    p.add_argument("--students", action="store_true",
+                   help="train on the few-step students' frames (make wm-distill), for their pair: "
+                        "RUN/worldmodels/reward_students")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -36,14 +42,19 @@ def build(argv: list[str] | None = None):
     manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
         raise ConfigError(f"{manifest} not found: make it first with `make manifest RUN={args.run}`")
+    if args.students and not RunLayout(args.run).student_selection.is_file():
+        raise ConfigError(f"{RunLayout(args.run).student_selection} not found: distil the world models first "
+                          f"(make wm-distill RUN={args.run})")
     return args, manifest
 
 
-def imagine(run: str, cfg, train, val, lineage: dict) -> dict | None:
-    """The update's world models (RUN/train/selected_world_models.json) replay every episode
-    open loop: generated frames with real labels (None before any update, or horizon 0)."""
+def imagine(run: str, cfg, train, val, lineage: dict, students: bool = False) -> dict | None:
+    """The update's world models (RUN/train/selected_world_models.json; ``students``: the
+    few-step students, RUN/train/selected_students.json) replay every episode open loop:
+    generated frames with real labels (None before any update, or horizon 0)."""
     layout = RunLayout(run)
-    if cfg.generated_horizon == 0 or not layout.selection.exists():
+    selection = layout.student_selection if students else layout.selection
+    if cfg.generated_horizon == 0 or not selection.exists():
         print("[reward] real frames only (" + ("generated_horizon=0" if cfg.generated_horizon == 0 else
               f"no world-model update in {run} yet") + ")")
         return None
@@ -54,7 +65,7 @@ def imagine(run: str, cfg, train, val, lineage: dict) -> dict | None:
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.reward import control_frames, imagined_frames, no_frames
 
-    sel = read_json(layout.selection, ConfigError, "run the world-model update first")
+    sel = read_json(selection, ConfigError, "run the world-model update first")
     device = pick_device("auto")
     main_m = FrameWorldModel.from_pretrained(sel["main"]["weights"], device)
     wrist_m = FrameWorldModel.from_pretrained(sel["wrist"]["weights"], device)
@@ -77,7 +88,7 @@ def main(args, manifest: Path) -> int:
     controls = None if args.control_negatives is None else tuple(
         c for c in args.control_negatives.split(",") if c and c != "none")
     cfg = override(get_profile(args.profile).reward, steps=args.steps, control_negatives=controls)
-    out = RunLayout(args.run).reward
+    out = RunLayout(args.run).student_reward if args.students else RunLayout(args.run).reward
     if args.dry_run:
         cli.print_plan("reward model", {"manifest": manifest, "config": cfg, "out": out})
         return 0
@@ -95,7 +106,7 @@ def main(args, manifest: Path) -> int:
     val, _ = held_out_halves(val)  # the calibration half; wm-eval scores agreement on the other
 
     lineage = {"manifest": str(manifest), "manifest_sha256": sha256_file(manifest), "git_commit": git_commit()}
-    generated = imagine(args.run, cfg, [e for e in train if e.phase == 0], val, lineage)
+    generated = imagine(args.run, cfg, [e for e in train if e.phase == 0], val, lineage, students=args.students)
     meta = train_reward(*episode_frames(train, cfg.views), *episode_frames(val, cfg.views), cfg, out, lineage,
                         progress=not args.no_progress, generated=generated, val_episode=episode_index(val),
                         val_outcomes=simulator_outcomes(val))

@@ -1,6 +1,8 @@
 """Small builders shared by tests (schema-valid trajectories without running the simulator)."""
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 
@@ -24,3 +26,14 @@ def synthetic_trajectory(frames: int = 4, chunk: int = 8, size: int = 16, seed: 
         actions=rng.uniform(-1, 1, (steps, 7)).astype(np.float32),
         attrs=base,
     )
+
+
+def child_env(**extra) -> dict:
+    """The environment for a kit script run as a child of this pytest: on the CPU, the kit on
+    the path, and none of the process-group variables an in-process group of this pytest set
+    (its port is still held: a child that inherits it fails with EADDRINUSE)."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"), **extra)
+    for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    return env

@@ -14,6 +14,7 @@ paths. The layout follows the original system's release (seed 000):
       evidence/evaluations/[sft/]global_step_N.json   every finished evaluation, kept as evidence
       worldmodels/{main,wrist}/              DeepSpeed checkpoints and inference weights per view
       worldmodels/reward/                    the reward model
+      worldmodels/reward_students/           the reward model trained on the students' frames (STUDENTS=1)
       train/selected_world_models.json       the update's stop-rule selection
       worldmodels/{main,wrist}_student/      few-step students (make wm-distill): weights, state.pt
       train/selected_students.json           the students' newest weights (make package STUDENTS=1)
@@ -104,6 +105,11 @@ class RunLayout:
     @property
     def reward(self) -> Path:
         return self.worldmodels / "reward"
+
+    @property
+    def student_reward(self) -> Path:
+        """``worldmodels/reward_students``: the reward trained on the few-step students' frames."""
+        return self.worldmodels / "reward_students"
 
     @property
     def selection(self) -> Path:

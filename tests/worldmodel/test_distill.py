@@ -12,9 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.helpers import child_env  # noqa: E402
 from wmrl.config import VIEWS, get_config  # noqa: E402
 from wmrl.data.manifest import build_manifest  # noqa: E402
-from wmrl.fileio import write_json  # noqa: E402
+from wmrl.fileio import sha256_file, write_json  # noqa: E402
 from wmrl.layout import RunLayout  # noqa: E402
 from wmrl.worldmodel.distill import DistillError, DistillJob, load_teachers, main  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
@@ -104,13 +105,27 @@ def test_students_pack_into_a_pair_that_imagines_in_one_step(trajectories, tmp_p
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1-step student vs 2-step teacher" in r.stdout
-    r = subprocess.run([sys.executable, "python/package_pair.py", "--profile", "tiny", "--run", str(run), "--students"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    package = [sys.executable, "python/package_pair.py", "--profile", "tiny", "--run", str(run), "--students"]
+    r = subprocess.run(package, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "make wm-reward RUN=" in r.stderr and "STUDENTS=1" in r.stderr  # the teacher's reward won't do
+    r = subprocess.run([sys.executable, "python/wm_reward.py", "--profile", "tiny", "--run", str(run), "--students",
+                        "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    reward_cfg = json.loads((RunLayout(run).student_reward / "config.json").read_text())
+    students = json.loads(RunLayout(run).student_selection.read_text())
+    assert reward_cfg["generated_by"] == {v: students[v]["weights"] for v in VIEWS}  # it judged the students' frames
+    r = subprocess.run(package, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     pair = load_pair(RunLayout(run).model_pair)
+    assert pair.meta["files"]["reward"][0]["sha256"] == sha256_file(RunLayout(run).student_reward / "model.safetensors")
     assert {v: pair.meta["models"][v]["sample_steps"] for v in VIEWS} == {"main": 1, "wrist": 1}
     assert pair.meta["models"]["main"]["distilled_from"].endswith("main/global_step_4")
     assert FrameWorldModel.from_pretrained(pair.part("wrist")).cfg.sample_steps == 1
+    # a reward that judged other models' frames is refused (here: the selection now names the teacher)
+    students["main"]["weights"] = json.loads(RunLayout(run).selection.read_text())["main"]["weights"]
+    write_json(RunLayout(run).student_selection, students)
+    r = subprocess.run([*package, "--overwrite"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "frames of other world models" in r.stderr and "OVERWRITE=1 STUDENTS=1" in r.stderr
 
 
 SF = dataclasses.replace(CFG, steps=2, self_forcing_steps=6, student_every=3, rollout_chunks=2, log_interval=1,

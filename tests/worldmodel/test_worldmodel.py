@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.helpers import child_env  # noqa: E402
 from wmrl.config import get_profile  # noqa: E402
 from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
 from wmrl.data.trajectory import TrajectoryError  # noqa: E402
@@ -506,10 +507,7 @@ def test_bf16_weights_train_and_generate_without_dtype_errors(trajectories):
 
 
 def _wm(args, run, env_extra=None, check=True):
-    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
-    for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):  # each run takes a free port of its own
-        env.pop(k, None)
-    env.update(env_extra or {})
+    env = child_env(**(env_extra or {}))  # each run takes a free port of its own
     r = subprocess.run([sys.executable, str(REPO / "python" / "wm_update.py"), "--profile", "tiny", "--run", str(run),
                         "--no-progress", *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
     if check:
@@ -595,9 +593,7 @@ def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
 
 
 def _py(script, *args, check=True):
-    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
-    for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):  # not the port an in-process group of this pytest holds
-        env.pop(k, None)
+    env = child_env()
     r = subprocess.run([sys.executable, str(REPO / "python" / script), *args], capture_output=True, text=True, env=env,
                        timeout=600, cwd=REPO)
     if check:

@@ -35,7 +35,8 @@ Files, ``V`` = main or wrist:
   optimizer too (each step's batch and noise come from generators seeded by the step, so a
   rerun continues bit for bit);
 * ``RUN/worldmodels/V_student/report.json``     student vs teacher on held-out transitions;
-* ``RUN/train/selected_students.json``          both students (``make package STUDENTS=1`` packs them);
+* ``RUN/train/selected_students.json``          both students (``make wm-reward STUDENTS=1`` trains their reward,
+  ``make package STUDENTS=1`` packs them);
 * ``RUN/logs/wm_distill_V.jsonl``               loss per update.
 
 One process, plain PyTorch (bf16 autocast on a GPU): a student is fine-tuned for a few hundred
