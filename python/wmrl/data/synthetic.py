@@ -34,7 +34,8 @@ def moving_square_episode(rng, n_chunks: int, size: int = 64, chunk: int = 8, de
                              "image_size": size, "kit_version": "test", "sim_settings": "{}"})
 
 
-def write_file(path, episodes):
+def write_file(path, episodes: list[Trajectory]):
+    """``episodes`` into one HDF5 file through the kit's writer; returns the finished file's path."""
     w = TrajectoryWriter(path)
     for e in episodes:
         w.append(e)
