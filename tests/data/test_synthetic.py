@@ -9,7 +9,7 @@ def _square_centre(frame):
     return xs.mean(), ys.mean()
 
 
-def test_the_square_moves_by_each_chunks_summed_actions(tmp_path):
+def test_the_square_moves_by_each_chunks_summed_actions():
     ep = moving_square_episode(np.random.default_rng(1), 4)
     assert ep.main.shape == (5, 64, 64, 3) and ep.actions.shape == (32, 7)
     moved = 0

@@ -2,7 +2,6 @@
 (CPU, gloo) with resume and the seed's stop rule. Runs in .venv/wm."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -987,7 +986,7 @@ def test_two_processes_train_one_view_and_a_resume_needs_the_same_world_size(man
     """torchrun with 2 CPU processes (gloo): RNG of every rank in the client state, the STOP
     flag reduced over ranks; resuming that checkpoint with 1 process is refused."""
     run = _clone(manifest_run, manifest_run.parent / "two")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO / "python"))
+    env = child_env()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         str(REPO / "python" / "wm_update.py"), "--view", "main", "--profile", "tiny", "--run-dir", str(run),
                         "--steps", "3", "--device", "cpu", "--no-progress"], capture_output=True, text=True, env=env,

@@ -154,15 +154,17 @@ def package_pair(run: str | os.PathLike, out: str | os.PathLike | None = None, *
     # a pair's reward judges the frames of the pair's own models: the teacher's reward reads the
     # one-step students' frames at chance (bench/RESULTS.md), so students come with their own
     reward = layout.student_reward if students else layout.reward
-    if students and not (reward / "config.json").exists():
+    reward_config = reward / "config.json"  # (a missing teacher reward is named by _copy below)
+    if students and not reward_config.exists():
         raise PairError(f"{reward} not found: train the reward on the students' frames first "
                         f"(make wm-reward RUN={run} STUDENTS=1)")
-    sources = {"main": Path(sel["main"]["weights"]), "wrist": Path(sel["wrist"]["weights"]), "reward": reward}
     packed = {v: sel[v]["weights"] for v in VIEWS}
-    judged = read_json(reward / "config.json", PairError, "").get("generated_by") if (reward / "config.json").exists() else None
+    judged = read_json(reward_config, PairError, "").get("generated_by") if reward_config.exists() else None
     if judged and judged != packed:  # (a reward trained on real frames only names no models)
+        again = f"make wm-reward RUN={run} OVERWRITE=1" + (" STUDENTS=1" if students else "")
         raise PairError(f"{reward} was trained on frames of other world models ({judged}) than the ones to pack "
-                        f"({packed}): train it again (make wm-reward RUN={run} OVERWRITE=1{' STUDENTS=1' if students else ''})")
+                        f"({packed}): train it again ({again})")
+    sources = {**{v: Path(w) for v, w in packed.items()}, "reward": reward}
     cfgs = {v: FrameWorldModel.read_config(sources[v])[0] for v in VIEWS}
     if cfgs["main"].image_size != cfgs["wrist"].image_size or cfgs["main"].chunk_size != cfgs["wrist"].chunk_size:
         raise PairError(f"the main and wrist models differ in image or chunk size ({cfgs}); train both with one profile")
