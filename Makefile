@@ -132,7 +132,8 @@ collect: setup
 		$(if $(filter undefined,$(origin EXTRA_TEMPERATURES)),,--extra-temperatures "$(EXTRA_TEMPERATURES)")
 
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
-# PAIR=dir (a model pair for ENV=wm; default RUN/model_pair), FROM=run (take step 0 from that
+# PAIR=dir (a model pair for ENV=wm; default RUN/model_pair; MIN_AGREEMENT=0 trains in one that
+# make wm-eval measured below grpo.min_agreement), FROM=run (take step 0 from that
 # run's newest supervised checkpoint). GPUS=0 picks the GPU; GPUS=0,1 runs one process per GPU
 # through torchrun: each rolls out its share of the groups, rank 0 updates (wmrl/rl/ranks.py).
 grpo: setup
@@ -140,13 +141,15 @@ grpo: setup
 	$(PER_GPU_PY) python/grpo.py --profile $(PROFILE) --run-dir $(RUN) --target $(TARGET) \
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) \
-		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(call opt,--world-noise,$(WORLD_NOISE)) $(DRY)
+		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(call opt,--world-noise,$(WORLD_NOISE)) \
+		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(DRY)
 
 # The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
 # MAX_MINUTES (world-model update), SUCCESS_CHUNKS (imagined success: chunks in a row at the
-# reward's threshold, 1), GPUS, SEED, WORKERS, DRY_RUN=1.
+# reward's threshold, 1), MIN_AGREEMENT (GRPO refuses a pair wm-eval measured below it, 0.6; 0: never),
+# GPUS, SEED, WORKERS, DRY_RUN=1.
 # One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
 # pair, between the 10 x 50 evaluations before (in the background) and after) -> report. Every
 # stage resumes; DRY_RUN=1 prints each stage's plan. RUN defaults to runs/speedrun and PROFILE to
@@ -164,7 +167,7 @@ cycle: setup
 		$(call opt,--grpo-steps,$(GRPO_STEPS)) $(call opt,--episodes,$(EPISODES)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--success-chunks,$(SUCCESS_CHUNKS)) \
-		--train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
+		$(call opt,--min-agreement,$(MIN_AGREEMENT)) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
 
 # Release: RUN as a bundle (seed 000's layout, MANIFEST.json with every SHA-256); DATA=0 leaves
 # the trajectories out. Restore: verify (resumable), relocate paths, unpack the source.

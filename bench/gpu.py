@@ -69,6 +69,13 @@ returns only a few files).
                                                   # the same on a CPU
 
 A phase that stops at a call's end is continued by running it again: every stage resumes.
+
+A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
+the tree is replaced at every call): the first call carries .offline/py312, .offline/policy and
+.gl, prepares, copies the tree to /root/tree (``runs`` linked to /root/runs) and starts the whole
+chain there with BACKGROUND=1; the second, made at once, carries .offline/wm312 and runs
+``bash bench/prepare_gpu.sh`` (DeepSpeed is in place long before the chain's wm_update), then
+``cd /root/tree && python3 bench/gpu.py wait``; each later call waits and brings the files back.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def main(args) -> int:
                                                 "horizon": args.horizon, "out": args.pair / "fidelity.json"})
         return 0
     from wmrl.device import pick_device
-    from wmrl.fileio import write_json
+    from wmrl.fileio import sha256_file, write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
     from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, reward_traces, write_videos
@@ -76,7 +76,8 @@ def main(args) -> int:
     val = held_out_halves(val)[1][: args.episodes]  # not the half the reward's threshold was calibrated on
     # two held chunks past each episode's end: the rules of 2 and 3 chunks in a row can confirm a late crossing
     roll = open_loop(main_m, wrist_m, val, args.horizon, seed=args.seed, device=device, hold_chunks=2)
-    result = {"pair": str(pair.root), "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
+    result = {"pair": str(pair.root), "pair_json_sha256": sha256_file(pair.root / "pair.json"),  # binds it to this pair
+              "manifest": str(args.manifest), "horizon": roll["steps"], "seed": args.seed,
               "episodes_disjoint_from_reward_calibration": disjoint, **metrics(roll, reward),
               "agreement": episode_agreement(roll, reward),
               # GRPO's success_chunks: the reward at its threshold in k chunks in a row

@@ -313,10 +313,10 @@ def test_speedrun_takes_its_own_profile_unless_told():
     assert r.stdout.count("PROFILE=speedrun") == 3 and "PROFILE=default" not in r.stdout
     fast, full = get_profile("speedrun"), get_profile("default")
     assert fast.policy == full.policy and fast.wm.main == full.wm.main  # the same models
-    # and the same GRPO, which only evaluates at its last step there and keeps the small steps its
-    # timing was measured with
+    # and the same GRPO, which only evaluates at its last step there, keeps the small steps its
+    # timing was measured with and trains in its three-minute pair whatever its agreement
     assert dataclasses.replace(fast.grpo, eval_interval=full.grpo.eval_interval, groups=full.grpo.groups,
-                               minibatches=full.grpo.minibatches) == full.grpo
+                               minibatches=full.grpo.minibatches, min_agreement=full.grpo.min_agreement) == full.grpo
     assert fast.grpo.groups < full.grpo.groups
     assert fast.sft.steps < full.sft.steps and fast.wm.train.steps < full.wm.train.steps
 
@@ -351,6 +351,9 @@ def test_the_imagined_success_rule_reaches_grpo_only_when_asked(tmp_path):
     grpo = lambda **kw: next(s["command"] for s in plan(job(run, **kw)) if s["stage"] == "grpo")  # noqa: E731
     assert "--success-chunks" not in grpo()
     assert "--success-chunks 2" in grpo(cfg=CycleConfig(success_chunks=2))
+    # likewise the floor on the pair's agreement: tiny's cycle and GRPO share theirs (0), the default's is 0.6
+    assert "--min-agreement" not in grpo()
+    assert "--min-agreement 0.6" in grpo(cfg=CycleConfig())
 
 
 def test_a_rerun_with_other_grpo_steps_takes_them_unless_grpo_is_past_them(tmp_path, calls, monkeypatch):

@@ -215,7 +215,9 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
         Stage("grpo", "train", (
             *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(cl.model_pair),
             "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers),
-            *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ())),
+            *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ()),
+            # as for success_chunks: a flag only where the cycle's floor is not the profile's GRPO floor
+            *(("--min-agreement", str(job.cfg.min_agreement)) if job.cfg.min_agreement != grpo.min_agreement else ())),
             (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",

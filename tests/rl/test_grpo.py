@@ -438,6 +438,38 @@ def test_bad_input_is_refused_before_any_rollout(run_with_pair, tmp_path, root):
     assert "SHA-256" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_pair_measured_below_the_agreement_floor_is_refused(run_with_pair):
+    """make wm-eval's fidelity.json, bound to pair.json by its hash: a pair whose whole 95% interval
+    lies below grpo.min_agreement is refused before any weight loads; one whose interval reaches
+    the floor, an unevaluated one and one evaluated before it was packaged again are not."""
+    from wmrl.fileio import sha256_file, write_json
+    from wmrl.layout import RunLayout
+    from wmrl.release.pair import PairError
+    from wmrl.rl.envs import ImaginedEnv
+
+    pair = RunLayout(run_with_pair).model_pair
+
+    def env(floor: float, agreement=None, sha: str | None = None):
+        if agreement is not None:
+            write_json(pair / "fidelity.json", {"pair_json_sha256": sha or sha256_file(pair / "pair.json"),
+                                                "agreement": agreement})
+        return ImaginedEnv(pair, tasks=(0,), groups=1, seed=0, max_chunks=1, image_size=64, chunk_size=8,
+                           index_dir=None, min_agreement=floor)
+
+    at_chance = {"balanced_accuracy": 0.5, "balanced_accuracy_95": [0.5, 0.5], "episodes": 16}
+    assert env(0.6).agreement is None  # not evaluated: trained in, and named in GRPO's log
+    with pytest.raises(PairError, match=r"at 0.50 \(95%: 0.50-0.50, 16 held-out .* --min-agreement 0"):
+        env(0.6, at_chance)
+    assert env(0.0, at_chance).agreement == at_chance  # the floor off
+    assert env(0.6, at_chance, sha="0" * 64).agreement is None  # figures of an earlier packaging
+    wide = {"balanced_accuracy": 0.55, "balanced_accuracy_95": [0.4, 0.75], "episodes": 16}
+    assert env(0.6, wide).settings()["agreement"]["balanced_accuracy"] == 0.55  # not shown below the floor
+    from wmrl.config import ConfigError, override
+
+    with pytest.raises(ConfigError, match="min_agreement=1.5"):
+        override(TINY.grpo, min_agreement=1.5)
+
+
 def test_dry_run_prints_the_plan_and_starts_nothing(run_with_pair, root):
     r = subprocess.run([sys.executable, "python/grpo.py", "--profile", "tiny", "--run", str(run_with_pair), "--env",
                         "wm", "--target", "10", "--dry-run"], cwd=root, capture_output=True, text=True, timeout=120)

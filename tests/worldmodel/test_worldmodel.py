@@ -17,6 +17,7 @@ from tests.helpers import child_env  # noqa: E402
 from wmrl.config import get_profile  # noqa: E402
 from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
 from wmrl.data.trajectory import TrajectoryError  # noqa: E402
+from wmrl.fileio import sha256_file  # noqa: E402
 from wmrl.worldmodel.data import MixedSampler, Transitions, boundary_frames, proprio_stats, read_episode  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
 
@@ -630,6 +631,7 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
 
     _py("wm_eval.py", "--run", str(run), "--videos", "1", "--horizon", "5", "--device", "cpu")
     fid = json.loads((run / "model_pair/fidelity.json").read_text())
+    assert fid["pair_json_sha256"] == sha256_file(run / "model_pair/pair.json")  # GRPO's gate reads it for this pair only
     assert "1" in fid["horizons"] and set(fid["horizons"]) <= {"1", "5"}  # (5 if the scored episode is that long)
     for row in fid["horizons"].values():
         assert np.isfinite(row["psnr_main"]) and -1 <= row["ssim_wrist"] <= 1

@@ -17,7 +17,9 @@ proprio dimensions, views) lets GRPO refuse a pair of another kind before any we
 
 Files are copied, not linked, so a pair can be moved or shipped on its own. ``load_pair``
 verifies every hash before anything is used; ``--model-pair DIR`` on GRPO switches both world
-models (and the reward model that judged with them) at once.
+models (and the reward model that judged with them) at once. ``make wm-eval`` writes
+``fidelity.json`` beside ``pair.json``, bound to it by its SHA-256: GRPO reads the agreement
+with the simulator from there (``check_agreement``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ FORMAT = "wmrl-model-pair/1"
 PARTS = ("main", "wrist", "reward")
 INIT_FILE = "init_observations.safetensors"
 INIT_INDEX = "init_observations.json"
+FIDELITY_FILE = "fidelity.json"  # `make wm-eval`'s figures, written beside pair.json
 
 
 class PairError(ConfigError):
@@ -235,3 +238,35 @@ def check_contract(pair: ModelPair, *, image_size: int, chunk_size: int, views=V
         k, (have, need) = next(iter(bad.items()))
         raise PairError(f"the model pair {pair.root} was made for {k}={have}, this run needs {need}: "
                         "use a pair trained for this profile (make wm-update / make package with the same PROFILE)")
+
+
+def measured_agreement(pair: ModelPair) -> dict | None:
+    """The pair's episode agreement with the simulator as ``make wm-eval`` measured it for this
+    very ``pair.json``; None when it was not evaluated, or evaluated before the pair was packaged
+    again (a ``fidelity.json`` of other models)."""
+    fid = pair.root / FIDELITY_FILE
+    if not fid.is_file():
+        return None
+    figures = read_json(fid, PairError, "")
+    if figures.get("pair_json_sha256") != sha256_file(pair.root / "pair.json"):
+        return None
+    return figures.get("agreement")
+
+
+def check_agreement(pair: ModelPair, floor: float) -> dict | None:
+    """Refuse a pair whose measured agreement lies below ``floor`` with its whole 95% interval
+    (few held-out episodes make a wide interval: only a pair shown to be worse is refused).
+    Returns the agreement (None: unmeasured)."""
+    agreement = measured_agreement(pair)
+    if agreement is None or floor <= 0:
+        return agreement
+    point = agreement["balanced_accuracy"]
+    low, high = agreement.get("balanced_accuracy_95") or (point, point)
+    if high < floor:
+        raise PairError(
+            f"the model pair {pair.root} tells the simulator's successes from failures at {point:.2f} (95%: "
+            f"{low:.2f}-{high:.2f}, {agreement.get('episodes', '?')} held-out episodes; {FIDELITY_FILE}), below "
+            f"grpo.min_agreement={floor}: GRPO in it would learn the reward model's errors. Train the world models "
+            f"longer or on more episodes (make wm-update MAX_MINUTES=..., make collect), package and evaluate "
+            f"them again (make package, make wm-eval), or pass --min-agreement 0 to train in this pair anyway")
+    return agreement

@@ -232,20 +232,23 @@ class ImaginedEnv:
 
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
-                 keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout"):
+                 keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout",
+                 min_agreement: float = 0.0):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
         run's keyframe index is written once and checked on resume (None: not recorded);
         ``success_chunks``: chunks in a row at the reward's threshold that make a success;
         ``world_noise``: "group" (a group's rollouts share the samplers' noise) or "rollout"
-        (``GRPOConfig.world_noise``; an evaluation's trials stay apart with "rollout")."""
+        (``GRPOConfig.world_noise``; an evaluation's trials stay apart with "rollout");
+        ``min_agreement``: refuse a pair ``make wm-eval`` measured below it (``GRPOConfig.min_agreement``)."""
         from wmrl.fileio import sha256_file, write_json
-        from wmrl.release.pair import PairError, check_contract, load_pair
+        from wmrl.release.pair import PairError, check_agreement, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
         from wmrl.worldmodel.model import FrameWorldModel
         from wmrl.worldmodel.reward import RewardModel
 
         pair = load_pair(pair_dir)  # every file's SHA-256 first
         check_contract(pair, image_size=image_size, chunk_size=chunk_size)  # before any weight loads
+        self.agreement = check_agreement(pair, min_agreement)  # None: the pair was not evaluated (make wm-eval)
         self.pair, self.device, self.bf16 = pair, torch.device(device), bf16
         if not 1 <= success_chunks <= max_chunks:
             raise ValueError(f"success_chunks={success_chunks}: 1 (the first chunk at the threshold) up to "
@@ -369,6 +372,9 @@ class ImaginedEnv:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
                 "reward_threshold": self.threshold, "success_chunks": self.success_chunks, "max_chunks": self.max_chunks,
                 "world_noise": self.world_noise,
+                # the pair's agreement with the simulator when GRPO began (make wm-eval; None: not evaluated)
+                "agreement": None if self.agreement is None else {
+                    k: self.agreement.get(k) for k in ("balanced_accuracy", "balanced_accuracy_95", "episodes")},
                 "keyframe_index": str(self.index_path),
                 "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)"}
 

@@ -642,7 +642,11 @@ def main(job: GRPOJob) -> dict:
            ImaginedEnv(job.pair or layout.model_pair, tasks=cfg.tasks, groups=cfg.groups, seed=cfg.seed,
                        max_chunks=cfg.max_chunks, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size,
                        index_dir=layout.grpo if main_rank else None, device=device, bf16=cfg.bf16,
-                       success_chunks=cfg.success_chunks, world_noise=cfg.world_noise))
+                       success_chunks=cfg.success_chunks, world_noise=cfg.world_noise,
+                       min_agreement=cfg.min_agreement))
+    if cfg.env == "wm" and env.agreement is None:
+        say(f"[grpo] the agreement of {env.pair.root} with the simulator is unmeasured: GRPO in imagination gains only "
+            f"where the pair's reward agrees with the simulator (make wm-eval RUN=... measures it)")
     layout.grpo.mkdir(parents=True, exist_ok=True)
     # rank 0 evaluates, on its own pool of all the cores when the rollouts' pools are shares
     evaluator = Evaluator(job, env if world == 1 else None) if main_rank else None
