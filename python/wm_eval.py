@@ -58,7 +58,7 @@ def main(args) -> int:
         return 0
     from wmrl.device import pick_device
     from wmrl.fileio import sha256_file, write_json
-    from wmrl.release.pair import load_pair
+    from wmrl.release.pair import FIDELITY_FILE, load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
     from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, reward_traces, write_videos
     from wmrl.worldmodel.model import FrameWorldModel
@@ -98,7 +98,7 @@ def main(args) -> int:
                                                   max_chunks=args.horizon, seed=args.seed, device=device,
                                                   bf16=device.type == "cuda")
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
-    write_json(pair.root / "fidelity.json", result)
+    write_json(pair.root / FIDELITY_FILE, result)
     print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "action_response",
                                              "controls")
                       if k in result},
@@ -107,7 +107,7 @@ def main(args) -> int:
 
     print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(
         f"k={k}: {agreement_text(a)}" for k, a in result["agreement_by_success_chunks"].items()))
-    print(f"[wm-eval] {pair.root / 'fidelity.json'}")
+    print(f"[wm-eval] {pair.root / FIDELITY_FILE}")
     return 0
 
 

@@ -268,5 +268,6 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
             f"{low:.2f}-{high:.2f}, {agreement.get('episodes', '?')} held-out episodes; {FIDELITY_FILE}), below "
             f"grpo.min_agreement={floor}: GRPO in it would learn the reward model's errors. Train the world models "
             f"longer or on more episodes (make wm-update MAX_MINUTES=..., make collect), package and evaluate "
-            f"them again (make package, make wm-eval), or pass --min-agreement 0 to train in this pair anyway")
+            f"them again (make package, make wm-eval), or pass --min-agreement 0 (make grpo|cycle MIN_AGREEMENT=0) to "
+            "train in this pair anyway")
     return agreement
