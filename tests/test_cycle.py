@@ -94,7 +94,8 @@ def test_cycles_record_lineage_and_a_rerun_skips_everything(tmp_path, calls):
 def test_a_failed_stage_says_where_its_log_is_and_the_rerun_resumes_there(tmp_path, calls, monkeypatch):
     run = new_run(tmp_path)
     monkeypatch.setenv("FAKE_FAIL", "grpo")
-    with pytest.raises(CycleError, match=r"grpo of cycle 1 failed \(exit 1\); its log: .*cycle_1_grpo.log"):
+    with pytest.raises(CycleError, match=r"grpo of cycle 1 failed \(exit 1\): grpo: failing as asked; its log: "
+                                         r".*cycle_1_grpo.log"):
         main(job(run))
     assert "failing as asked" in (run / "logs/cycle/cycle_1_grpo.log").read_text()
     monkeypatch.delenv("FAKE_FAIL")
@@ -133,7 +134,8 @@ def test_a_background_stage_records_its_own_time_not_when_the_cycle_looked(tmp_p
 def test_a_failed_background_stage_stops_the_cycle_before_grpo(tmp_path, calls, monkeypatch):
     run = new_run(tmp_path)
     monkeypatch.setenv("FAKE_FAIL", "evaluate")
-    with pytest.raises(CycleError, match=r"evaluate_start of cycle 1 failed \(exit 1\); its log: .*cycle_1_evaluate_start.log"):
+    with pytest.raises(CycleError, match=r"evaluate_start of cycle 1 failed \(exit 1\): evaluate: failing as asked; "
+                                         r"its log: .*cycle_1_evaluate_start.log"):
         main(job(run))
     assert "grpo" not in called(calls)
     monkeypatch.delenv("FAKE_FAIL")

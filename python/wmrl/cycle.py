@@ -337,8 +337,8 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
         srec["seconds"] = round(srec["seconds"] + (t1 or time.time()) - t0, 1)
         write_json(state_path(job.run), state)
         if rc != 0:
-            raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}); its log: {log(st)}. Fix the cause and rerun "
-                             "the same command: finished stages are skipped, this one resumes")
+            raise CycleError(f"{st.name} of cycle {n} failed (exit {rc}){last_line(log(st))}; its log: {log(st)}. Fix the "
+                             "cause and rerun the same command: finished stages are skipped, this one resumes")
 
     def finished(st: Stage) -> None:
         if not stage_finished(st, job.run, rec["grpo_to"]):
@@ -405,6 +405,16 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
     finally:
         for _, proc, _, _ in pending.values():
             stop_child(proc)
+
+
+def last_line(log: Path, limit: int = 400) -> str:
+    """': <the log's last non-empty line>' (a stage's own error says what to do: e.g. GRPO's
+    refusal of a pair below grpo.min_agreement), or '' when there is none."""
+    try:
+        lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1][:limit]}" if lines else ""
 
 
 def lineage(run: Path, rec: dict) -> dict:
