@@ -148,7 +148,8 @@ grpo: setup
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
 # CYCLES=N (finish N cycles), GRPO_STEPS (20), EPISODES (per task), STEPS (world-model updates),
 # MAX_MINUTES (world-model update), SUCCESS_CHUNKS (imagined success: chunks in a row at the
-# reward's threshold, 1), MIN_AGREEMENT (GRPO refuses a pair wm-eval measured below it, 0.6; 0: never),
+# reward's threshold, 1), MIN_AGREEMENT (a cycle whose pair wm-eval measured below it, 0.6, skips GRPO
+# and goes on with the same policy; 0: never),
 # GPUS, SEED, WORKERS, DRY_RUN=1.
 # One GPU from nothing (issue: speedrun): demonstrations -> supervised policy -> one cycle (GRPO in the
 # pair, between the 10 x 50 evaluations before (in the background) and after) -> report. Every

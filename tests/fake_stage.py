@@ -7,8 +7,10 @@ whole tiny cycle runs in ``make demo``.
 
 FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to be killed);
 FAKE_SLOW=<stem>[:seconds],... takes that long (3 s) and appends "<stem>-end" when done;
+FAKE_AGREEMENT=<x> makes wm_eval measure the pair's agreement with the simulator at x (0.75);
 every call is appended to FAKE_CALLS (one line: the script's stem)."""
 
+import hashlib
 import json
 import os
 import runpy
@@ -54,9 +56,12 @@ def main(argv):
     elif script == "package_pair":
         (run / "model_pair").mkdir(parents=True, exist_ok=True)
         (run / "model_pair" / "pair.json").write_text(json.dumps({"run": run.name}))
-    elif script == "wm_eval":
-        (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "agreement": {
-            "balanced_accuracy": 0.75}, "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
+    elif script == "wm_eval":  # FAKE_AGREEMENT=x: the pair measured at x (interval x-x), bound to its pair.json
+        agreement = float(os.environ.get("FAKE_AGREEMENT", "0.75"))
+        pair_sha = hashlib.sha256((run / "model_pair" / "pair.json").read_bytes()).hexdigest()
+        (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "pair_json_sha256": pair_sha,
+            "agreement": {"balanced_accuracy": agreement, "balanced_accuracy_95": [agreement, agreement], "episodes": 2},
+            "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
     elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from
         ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)

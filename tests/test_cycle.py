@@ -358,6 +358,29 @@ def test_the_imagined_success_rule_reaches_grpo_only_when_asked(tmp_path):
     assert "--min-agreement 0.6" in grpo(cfg=CycleConfig())
 
 
+def test_a_pair_below_the_agreement_floor_skips_grpo_and_the_next_cycle_collects_with_the_same_policy(
+        tmp_path, calls, monkeypatch):
+    """cycle.min_agreement: where the cycle's wm-eval measured its pair below the floor (its whole
+    interval), GRPO and the evaluation after it do not run; the cycle finishes with the policy it
+    began with, which collects the next cycle's data (a new placement seed) for a better pair."""
+    run = new_run(tmp_path)
+    floor = dataclasses.replace(get_config("cycle_tiny"), min_agreement=0.6)
+    monkeypatch.setenv("FAKE_AGREEMENT", "0.5")
+    main(job(run, cfg=floor, report=True))
+    c1 = load_state(run)["cycles"]["1"]
+    assert "grpo" not in called(calls) and called(calls).count("evaluate") == 1  # evaluate_start only
+    assert "tells the simulator's successes from failures at 0.50" in c1["grpo_skipped"]
+    assert c1["finished"] and c1["lineage"]["policy_out"] == c1["policy_in"] == "sft/10"
+    assert c1["lineage"]["policy_out_sha256"] is None and c1["lineage"]["success_after"] is None
+    assert "GRPO skipped" in (run / "report.md").read_text()
+    monkeypatch.setenv("FAKE_AGREEMENT", "0.75")  # the next cycle's pair passes
+    main(job(run, cfg=floor, cycles=2))
+    c2 = load_state(run)["cycles"]["2"]
+    assert c2["policy_in"] == "sft/10" and c2["grpo_from"] == c1["grpo_from"] and c2["collect_seed"] != c1["collect_seed"]
+    assert "grpo_skipped" not in c2 and called(calls).count("grpo") == 1
+    assert c2["lineage"]["policy_out"] == str(c2["grpo_to"])
+
+
 def test_a_rerun_with_other_grpo_steps_takes_them_unless_grpo_is_past_them(tmp_path, calls, monkeypatch):
     """The cycle's record keeps its GRPO target across reruns; a rerun that asks for another
     number of steps gets it (not the recorded one) unless GRPO already saved a step past it."""

@@ -18,6 +18,10 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
                waits for evaluate_start            -> RUN/weights/policy/global_step_T
     evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
 
+A pair that wm_eval measured below ``cycle.min_agreement`` skips grpo and evaluate: the cycle
+finishes with the policy it began with (``grpo_skipped`` in its record says why), which collects
+the next cycle's data.
+
 Every stage runs as its own process with the interpreter of its side (``train``: Python 3.11,
 ``wm``: Python 3.10; with ``RUNTIME=docker`` the images), dies with this controller, and logs
 to ``RUN/logs/cycle/``. ``RUN/cycle.json`` records each finished stage with the SHA-256 of its
@@ -133,7 +137,10 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
         prev = state["cycles"].get(str(n - 1))
         if not prev or not prev.get("finished"):
             raise CycleError(f"cycle {n - 1} of {job.run} is not finished")
-        start, policy = prev["grpo_to"], str(prev["grpo_to"])
+        if prev.get("grpo_skipped"):  # its pair was refused: the same policy collects again, for a better pair
+            start, policy = prev["grpo_from"], prev["policy_in"]
+        else:
+            start, policy = prev["grpo_to"], str(prev["grpo_to"])
     rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
            "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
@@ -158,6 +165,21 @@ def follow_grpo_steps(job: CycleJob, rec: dict, n: int, planning: bool) -> dict:
               f"{job.cfg.grpo_steps} given on this rerun", flush=True)
     rec["grpo_to"] = want
     return rec
+
+
+def pair_refused(job: CycleJob, rec: dict) -> str | None:
+    """GRPO's own gate (``cycle.min_agreement``, as ``grpo.min_agreement``), asked before GRPO
+    starts: the refusal when the cycle's wm-eval measured its pair below the floor, else None.
+    Never once GRPO saved a step of this cycle (it began in this pair: a refusal would strand it)."""
+    from wmrl.release.pair import ModelPair, PairError, check_agreement
+
+    if any(s > rec["grpo_from"] for s in RunLayout(job.run).policy_steps("policy")):
+        return None
+    try:  # only the pair's folder is read (its fidelity.json and pair.json); GRPO verifies the rest
+        check_agreement(ModelPair(RunLayout(rec["dir"]).model_pair, {}), job.cfg.min_agreement)
+    except PairError as e:
+        return str(e)
+    return None
 
 
 def start_evidence(run: Path, policy: str) -> Path:
@@ -317,7 +339,9 @@ def main(job: CycleJob) -> dict:
             write_json(state_path(job.run), state)
             if job.report:
                 build_report(job)
-            print(f"[cycle {n}/{job.cycles}] finished: policy {rec['policy_in']} -> GRPO step {rec['grpo_to']}")
+            print(f"[cycle {n}/{job.cycles}] finished: policy {rec['policy_in']} -> " + (
+                "unchanged (GRPO skipped: the pair's agreement is below cycle.min_agreement; the next cycle collects "
+                "with the same policy)" if rec.get("grpo_skipped") else f"GRPO step {rec['grpo_to']}"))
     return state
 
 
@@ -378,6 +402,14 @@ def run_stages(job: CycleJob, state: dict, n: int, rec: dict) -> None:
                 check_unchanged(st, srec, n)
                 print(f"[cycle {n}/{job.cycles}] {st.name}: done earlier, skipped")
                 continue
+            # a pair at chance teaches the policy the reward model's errors (bench/RESULTS.md): no GRPO
+            # in it; the policy goes on unchanged, and the next cycle's data and updates improve the pair
+            if st.name == "grpo" and not rec.get("grpo_skipped") and (refusal := pair_refused(job, rec)):
+                rec["grpo_skipped"] = refusal
+                write_json(state_path(job.run), state)
+            if st.name in ("grpo", "evaluate") and rec.get("grpo_skipped"):
+                print(f"[cycle {n}/{job.cycles}] {st.name}: skipped, {rec['grpo_skipped']}", flush=True)
+                continue
             for name in st.needs:
                 if name in pending:
                     join(name)
@@ -426,12 +458,14 @@ def lineage(run: Path, rec: dict) -> dict:
     before = RunLayout(run).evidence(rec["grpo_from"])  # GRPO's own evaluation of its start, if it made one
     if not before.exists():
         before = start_evidence(run, rec["policy_in"])  # evaluate_start's
-    after = RunLayout(run).evidence(rec["grpo_to"])
+    skipped = bool(rec.get("grpo_skipped"))  # the policy left the cycle as it came in
+    after = None if skipped else RunLayout(run).evidence(rec["grpo_to"])
     rate = lambda p: read_json(p, CycleError, "")["summary"]["success_rate"] if p and p.exists() else None  # noqa: E731
     return {"policy_in": rec["policy_in"], "data": str(c.collect), "data_sha256": sha("collect", c.collect),
             "manifest_sha256": sha("manifest", c.manifest), "pair": str(c.model_pair),
-            "pair_sha256": sha("package", c.model_pair / "pair.json"), "policy_out": f"{rec['grpo_to']}",
-            "policy_out_sha256": sha("grpo", RunLayout(run).checkpoint(rec["grpo_to"])),
+            "pair_sha256": sha("package", c.model_pair / "pair.json"),
+            "policy_out": rec["policy_in"] if skipped else f"{rec['grpo_to']}",
+            "policy_out_sha256": None if skipped else sha("grpo", RunLayout(run).checkpoint(rec["grpo_to"])),
             "success_before": rate(before), "success_after": rate(after)}
 
 

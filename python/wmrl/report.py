@@ -84,7 +84,10 @@ def blocks(run: Path) -> list[Block]:
 
     # ---- the cycles
     for n, c in sorted(cyc["cycles"].items(), key=lambda kv: int(kv[0])):
-        out.append(("h2", f"Cycle {n}: policy {c['policy_in']} -> GRPO step {c['grpo_to']}"))
+        out.append(("h2", f"Cycle {n}: policy {c['policy_in']} -> " +
+                    ("unchanged (GRPO skipped)" if c.get("grpo_skipped") else f"GRPO step {c['grpo_to']}")))
+        if c.get("grpo_skipped"):
+            out.append(("p", f"GRPO did not run in this cycle's pair: {c['grpo_skipped']}"))
         rows = [[name, "done" if s.get("done") else "interrupted", s.get("attempts", 0), f"{s.get('seconds', 0):.1f}"]
                 for name, s in c["stages"].items()]
         out.append(("table", ["stage", "status", "runs", "wall s"], rows))
@@ -94,7 +97,8 @@ def blocks(run: Path) -> list[Block]:
                 ["policy that collected", lin["policy_in"], "-"], ["data", lin["data"], _short(lin["data_sha256"])],
                 ["manifest", "manifest.json", _short(lin["manifest_sha256"])],
                 ["model pair", lin["pair"], _short(lin["pair_sha256"])],
-                ["policy trained in the pair", f"GRPO step {lin['policy_out']}", _short(lin["policy_out_sha256"])],
+                ["policy trained in the pair", f"GRPO step {lin['policy_out']}" if lin["policy_out_sha256"] else
+                 f"none ({lin['policy_out']} went on)", _short(lin["policy_out_sha256"])],
                 ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"]]))
         out += world_models(RunLayout(c["dir"]).model_pair, run)
 
