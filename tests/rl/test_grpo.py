@@ -462,6 +462,8 @@ def test_a_pair_measured_below_the_agreement_floor_is_refused(run_with_pair):
         env(0.6, at_chance)
     assert env(0.0, at_chance).agreement == at_chance  # the floor off
     assert env(0.6, at_chance, sha="0" * 64).agreement is None  # figures of an earlier packaging
+    one_outcome = {"balanced_accuracy": None, "balanced_accuracy_95": None, "episodes": 2}  # all failed in the simulator
+    assert env(0.6, one_outcome).agreement == one_outcome
     wide = {"balanced_accuracy": 0.55, "balanced_accuracy_95": [0.4, 0.75], "episodes": 16}
     assert env(0.6, wide).settings()["agreement"]["balanced_accuracy"] == 0.55  # not shown below the floor
     from wmrl.config import ConfigError, override

@@ -258,9 +258,9 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
     (few held-out episodes make a wide interval: only a pair shown to be worse is refused).
     Returns the agreement (None: unmeasured)."""
     agreement = measured_agreement(pair)
-    if agreement is None or floor <= 0:
+    point = (agreement or {}).get("balanced_accuracy")
+    if point is None or floor <= 0:  # (None also where the held-out episodes all share one outcome)
         return agreement
-    point = agreement["balanced_accuracy"]
     low, high = agreement.get("balanced_accuracy_95") or (point, point)
     if high < floor:
         raise PairError(
