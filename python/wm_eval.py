@@ -24,6 +24,7 @@ from pathlib import Path
 from wmrl import cli
 from wmrl.config import ConfigError
 from wmrl.layout import RunLayout
+from wmrl.release.pair import FIDELITY_FILE
 
 
 def build(argv: list[str] | None = None):
@@ -54,11 +55,11 @@ def build(argv: list[str] | None = None):
 def main(args) -> int:
     if args.dry_run:
         cli.print_plan("world-model fidelity", {"pair": args.pair, "manifest": args.manifest, "episodes": args.episodes,
-                                                "horizon": args.horizon, "out": args.pair / "fidelity.json"})
+                                                "horizon": args.horizon, "out": args.pair / FIDELITY_FILE})
         return 0
     from wmrl.device import pick_device
     from wmrl.fileio import sha256_file, write_json
-    from wmrl.release.pair import FIDELITY_FILE, load_pair
+    from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
     from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, reward_traces, write_videos
     from wmrl.worldmodel.model import FrameWorldModel

@@ -46,6 +46,7 @@ from wmrl.config import ConfigError, CycleConfig, get_profile
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
+from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreement
 
 FORMAT = "wmrl-cycle/1"
 STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
@@ -171,8 +172,6 @@ def pair_refused(job: CycleJob, rec: dict) -> str | None:
     """GRPO's own gate (``cycle.min_agreement``, as ``grpo.min_agreement``), asked before GRPO
     starts: the refusal when the cycle's wm-eval measured its pair below the floor, else None.
     Never once GRPO saved a step of this cycle (it began in this pair: a refusal would strand it)."""
-    from wmrl.release.pair import ModelPair, PairError, check_agreement
-
     if any(s > rec["grpo_from"] for s in RunLayout(job.run).policy_steps("policy")):
         return None
     try:  # only the pair's folder is read (its fidelity.json and pair.json); GRPO verifies the rest
@@ -233,7 +232,7 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
               skip_if=cl.model_pair / "pair.json"),
         Stage("wm_eval", "wm", (
             "python/wm_eval.py", "--run", str(c), "--episodes", str(job.cfg.wm_eval_episodes), "--videos",
-            str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / "fidelity.json",), gpu=True, verify=False),
+            str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / FIDELITY_FILE,), gpu=True, verify=False),
         Stage("grpo", "train", (
             *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(cl.model_pair),
             "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers),

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from wmrl.layout import RunLayout, parse_step_name
+from wmrl.release.pair import FIDELITY_FILE
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("image", path, caption) | ("video", path, caption)
 
@@ -137,7 +138,7 @@ def agreement_text(a: dict) -> str:
 
 
 def world_models(pair: Path, run: Path) -> list[Block]:
-    f = pair / "fidelity.json"
+    f = pair / FIDELITY_FILE
     if not f.exists():
         return []
     d = json.loads(f.read_text())
