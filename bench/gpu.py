@@ -29,7 +29,8 @@ returns only a few files).
                                WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)
                                REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
                                COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
-                               data, after unpack: unpack+wm; EPISODES=0: no demonstrations)]
+                               data, after unpack: unpack+wm; EPISODES=0: no demonstrations)
+                               MORE=1: train RUN's finished pair further, then its reward, pair and wm_eval again]
     python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run12.tar.xz RUN=runs/h200 EPISODES=24
                                MAX_MINUTES=6 GRPO_STEPS=20 [CYCLE_ARGS=...]   (make cycle from a carried policy: collect,
                                world models, reward, pair, GRPO in the pair, the 10 x 50 before and after)
@@ -348,6 +349,9 @@ def phase_wm(v: dict, env: dict) -> None:
         stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
     # demonstrations with a frame every step, as `make demos` records them (the update trains on every phase)
     layout = wm_data(run, {"FRAME_INTERVAL": "1", **v}, env, v.get("EPISODES", "20"))
+    if v.get("MORE") == "1":  # train a finished pair further (to STEPS or MAX_MINUTES more), then a new reward
+        layout.selection.unlink(missing_ok=True)  # and evaluation: the update resumes its newest state
+        shutil.rmtree(layout.reward, ignore_errors=True)
     args = ["--run", run, "--steps", v.get("STEPS", "400"), "--save-interval", "100", "--no-progress",
             *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []),
