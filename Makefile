@@ -222,7 +222,8 @@ offline-install:
 #   make manifest RUN=r DATA=<new trajectories> [REPLAY=<demos, earlier cycles>]   RUN/manifest.json
 #   make wm-update RUN=r [STEPS=n] [SAVE_INTERVAL=n] [MAX_MINUTES=m]   both views; WM_GPUS_MAIN /
 #        WM_GPUS_WRIST pick the GPU groups (default half and half, one GPU shared; CPU without GPUs); HOSTFILE=f for
-#        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows)
+#        several hosts; MAX_MINUTES: a time limit (the wrist model stops, main follows); MORE=1: train a
+#        finished update further (to a higher STEPS or MAX_MINUTES more; then wm-reward and package OVERWRITE=1)
 #   make wm-reward RUN=r [CONTROL_NEGATIVES=hold,random]  the frozen success classifier  RUN/worldmodels/reward/
 #        STUDENTS=1: trained on the one-step students' frames, for their pair  RUN/worldmodels/reward_students/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
@@ -242,7 +243,7 @@ manifest: setup
 
 wm-update: setup
 	$(WM_PY) python/wm_update.py $(WM_FLAGS) $(call opt,--steps,$(STEPS)) $(call opt,--save-interval,$(SAVE_INTERVAL)) \
-		$(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--hostfile,$(HOSTFILE))
+		$(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--hostfile,$(HOSTFILE)) $(if $(call yes,$(MORE)),--more)
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \

@@ -349,12 +349,12 @@ def phase_wm(v: dict, env: dict) -> None:
         stage("wm_throughput", "bench/wm_throughput.py", ["--json", OUT / "wm_throughput.json"], env)
     # demonstrations with a frame every step, as `make demos` records them (the update trains on every phase)
     layout = wm_data(run, {"FRAME_INTERVAL": "1", **v}, env, v.get("EPISODES", "20"))
-    if v.get("MORE") == "1":  # train a finished pair further (to STEPS or MAX_MINUTES more), then a new reward
-        layout.selection.unlink(missing_ok=True)  # and evaluation: the update resumes its newest state
+    more = v.get("MORE") == "1" and layout.selection.exists()  # a finished pair trains further (wm_update --more)
+    if more:  # to STEPS or MAX_MINUTES more, then a new reward, pair and evaluation
         shutil.rmtree(layout.reward, ignore_errors=True)
     args = ["--run", run, "--steps", v.get("STEPS", "400"), "--save-interval", "100", "--no-progress",
             *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
-            *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []),
+            *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []),
             *shlex.split(v.get("WM_ARGS", ""))]  # WM_ARGS="--compile --self-context 0.25": any wm_update option
     stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
                                                              "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})

@@ -8,7 +8,9 @@
 Reads RUN/manifest.json (make manifest; every file's SHA-256 is checked first), writes
 RUN/worldmodels/{main,wrist}/ (DeepSpeed checkpoints + inference weights), RUN/logs/wm_*.jsonl
 and, for both views, RUN/train/selected_world_models.json. Rerun the same command after an
-interruption: each view continues from its newest checkpoint.
+interruption: each view continues from its newest checkpoint. A finished update is left alone;
+``--more`` (make wm-update MORE=1) trains it further, to a higher --steps or for --max-minutes more
+(then train the reward again: make wm-reward OVERWRITE=1, make package OVERWRITE=1).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
+    p.add_argument("--more", action="store_true",
+                   help="(both views) train a finished update further: each view resumes its newest checkpoint, to "
+                        "--steps (above the wrist model's) or --max-minutes more, and a new selection is written")
     p.add_argument("--ds-config", help="DeepSpeed JSON (ZeRO stage, precision); default data/worldmodel/ds_{cpu,gpu}.json")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--gpus-main", default=os.environ.get("WM_GPUS_MAIN"), help="GPU group of the main model (WM_GPUS_MAIN)")
@@ -62,11 +67,30 @@ def build(argv: list[str] | None = None):
     if args.max_minutes is not None and (args.max_minutes <= 0 or args.view):
         raise ConfigError("--max-minutes must be > 0 and is for both views (the controller); "
                           "a single view stops with --stop-after")
+    if args.more:
+        check_more(args, train)
     if args.init_pair and not (Path(args.init_pair) / "pair.json").is_file():
         raise ConfigError(f"--init-pair {args.init_pair}: no pair.json there (a folder `make package` wrote)")
     if args.ds_config and not Path(args.ds_config).is_file():
         raise ConfigError(f"--ds-config {args.ds_config}: no such file (examples in data/worldmodel/)")
     return args, prof, train, manifest
+
+
+def check_more(args, train: WMTrainConfig) -> None:
+    """``--more`` needs a finished update, and room above where its wrist model stopped: the wrist
+    model's target decides for both views (an update stopped by its time limit has that room)."""
+    from wmrl.fileio import read_json
+
+    if args.view:
+        raise ConfigError("--more is for both views (the controller): drop --view")
+    sel = RunLayout(args.run).selection
+    if not sel.exists():
+        raise ConfigError(f"--more trains a finished update further, and {sel} is not there: run "
+                          f"`make wm-update RUN={args.run}` (without MORE=1) first; it resumes an interrupted one")
+    reached = read_json(sel, ConfigError, "")["wrist"]["step"]
+    if reached >= train.steps:
+        raise ConfigError(f"--more: the wrist model stopped at update {reached}, and --steps is {train.steps}: give a "
+                          f"higher target (make wm-update RUN={args.run} MORE=1 STEPS={2 * reached})")
 
 
 def _passthrough(args) -> list[str]:
@@ -134,7 +158,7 @@ def main(args, prof, train, manifest) -> int:
     from wmrl.procs import exclusive
 
     with exclusive(RunLayout(args.run).worldmodels, "make wm-update"):
-        run_update(args.run, *launches, hostfile=args.hostfile,
+        run_update(args.run, *launches, hostfile=args.hostfile, more=args.more,
                    max_s=None if args.max_minutes is None else 60 * args.max_minutes)
     return 0
 

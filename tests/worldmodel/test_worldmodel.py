@@ -590,6 +590,15 @@ def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     assert (Path(sel["wrist"]["weights"]) / "model.safetensors").is_file()
     bad = _wm(["--view", "main", "--max-minutes", "1"], run, check=False)
     assert bad.returncode == 2 and "--stop-after" in bad.stderr
+    # MORE=1 trains a finished update further, only with room above where the wrist model stopped
+    low = _wm(["--steps", str(sel["wrist"]["step"]), "--more", "--device", "cpu"], run, check=False)
+    assert low.returncode == 2 and f"MORE=1 STEPS={2 * sel['wrist']['step']}" in low.stderr
+    more = _wm(["--steps", "1000", "--max-minutes", "0.001", "--more", "--device", "cpu"], run)
+    assert f"training further from main step {sel['main']['step']}, wrist step {sel['wrist']['step']}" in more.stdout
+    after = json.loads((run / "train/selected_world_models.json").read_text())
+    assert after["wrist"]["step"] > sel["wrist"]["step"] and after["main"]["step"] > sel["main"]["step"]
+    fresh = _wm(["--more"], _clone(manifest_run, manifest_run.parent / "never_updated"), check=False)
+    assert fresh.returncode == 2 and "without MORE=1" in fresh.stderr
 
 
 def _py(script, *args, check=True):

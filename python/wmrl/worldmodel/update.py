@@ -102,12 +102,18 @@ def failure(view: str, code: int, log_path: str) -> str:
 
 
 def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, hostfile: str | None = None,
-               max_s: float | None = None, poll_s: float = 2.0, log=print) -> dict:
+               max_s: float | None = None, poll_s: float = 2.0, more: bool = False, log=print) -> dict:
     """Train both views concurrently with the stop rule; returns (and writes) the selection.
-    ``max_s``: after this many seconds the wrist model is asked to stop too (a time limit)."""
+    ``max_s``: after this many seconds the wrist model is asked to stop too (a time limit).
+    ``more``: a finished update trains further (each view resumes its newest checkpoint); its
+    selection is replaced when the views stop again (the weights it named stay where they are)."""
     layout = RunLayout(run)
     sel = layout.selection
     view_dir = layout.wm_view
+    if more and sel.exists():
+        done = read_json(sel, ConfigError, "")
+        log(f"[wm-update] training further from main step {done['main']['step']}, wrist step {done['wrist']['step']}")
+        sel.unlink()
     if sel.exists():
         log(f"[wm-update] {sel} exists: this update is finished (remove it to train again)")
         return read_json(sel, ConfigError, "")
