@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -458,8 +459,10 @@ def test_a_pair_measured_below_the_agreement_floor_is_refused(run_with_pair):
 
     at_chance = {"balanced_accuracy": 0.5, "balanced_accuracy_95": [0.5, 0.5], "episodes": 16}
     assert env(0.6).agreement is None  # not evaluated: trained in, and named in GRPO's log
-    with pytest.raises(PairError, match=r"at 0.50 \(95%: 0.50-0.50, 16 held-out .* --min-agreement 0"):
+    with pytest.raises(PairError, match=r"at 0.50 \(95%: 0.50-0.50, 16 held-out .* --min-agreement 0") as refused:
         env(0.6, at_chance)
+    wrist = json.loads((pair / "pair.json").read_text())["models"]["wrist"]  # the remedy, in the run that trained it
+    assert f"make wm-update RUN={Path(wrist['source']).parents[2]} MORE=1 STEPS={2 * wrist['step']}" in str(refused.value)
     assert env(0.0, at_chance).agreement == at_chance  # the floor off
     assert env(0.6, at_chance, sha="0" * 64).agreement is None  # figures of an earlier packaging
     one_outcome = {"balanced_accuracy": None, "balanced_accuracy_95": None, "episodes": 2}  # all failed in the simulator

@@ -266,8 +266,22 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
         raise PairError(
             f"the model pair {pair.root} tells the simulator's successes from failures at {point:.2f} (95%: "
             f"{low:.2f}-{high:.2f}, {agreement.get('episodes', '?')} held-out episodes; {FIDELITY_FILE}), below "
-            f"grpo.min_agreement={floor}: GRPO in it would learn the reward model's errors. Train the world models "
-            f"longer or on more episodes (make wm-update MAX_MINUTES=..., make collect), package and evaluate "
-            f"them again (make package, make wm-eval), or pass --min-agreement 0 (make grpo|cycle MIN_AGREEMENT=0) to "
-            "train in this pair anyway")
+            f"grpo.min_agreement={floor}: GRPO in it would learn the reward model's errors. Train its world models "
+            f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
+            "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")
     return agreement
+
+
+def train_further(pair: ModelPair) -> str:
+    """The commands that train a pair's world models further, in the run that trained them (its
+    ``pair.json`` names their weights, RUN/worldmodels/<view>/global_step_N), and package and
+    evaluate them again. More updates of the same data took a pair from agreement 0.37 to 0.62
+    on an H100 (bench/RESULTS.md "Twice the world-model updates")."""
+    meta = pair.meta or read_json(pair.root / "pair.json", PairError, "")
+    try:
+        wrist = meta["models"]["wrist"]
+        run, step = Path(wrist["source"]).parents[2], int(wrist["step"])
+    except (KeyError, TypeError, ValueError, IndexError):  # an older pair.json: the commands without values
+        return "make wm-update RUN=... MORE=1 STEPS=..., then make wm-reward, package OVERWRITE=1 and make wm-eval"
+    return (f"make wm-update RUN={run} MORE=1 STEPS={2 * step}, make wm-reward RUN={run} OVERWRITE=1, "
+            f"make package RUN={run} OVERWRITE=1, make wm-eval RUN={run}")
