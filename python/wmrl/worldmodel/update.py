@@ -115,7 +115,7 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
         log(f"[wm-update] training further from main step {done['main']['step']}, wrist step {done['wrist']['step']}")
         sel.unlink()
     if sel.exists():
-        log(f"[wm-update] {sel} exists: this update is finished (remove it to train again)")
+        log(f"[wm-update] {sel} exists: this update is finished (make wm-update MORE=1 trains it further)")
         return read_json(sel, ConfigError, "")
     for v in (main, wrist):
         (view_dir(v.view) / STOP_FILE).unlink(missing_ok=True)  # a stop from an interrupted run
