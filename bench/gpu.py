@@ -30,7 +30,8 @@ returns only a few files).
                                REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
                                COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
                                data, after unpack: unpack+wm; EPISODES=0: no demonstrations)
-                               MORE=1: train RUN's finished pair further, then its reward, pair and wm_eval again]
+                               MORE=1: train RUN's finished pair further, then its reward, pair and wm_eval again;
+                               MORE_ROUNDS=1 MORE_MINUTES=4 [MIN_AGREEMENT=0.6]: so, where GRPO's gate would refuse the pair]
     python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run12.tar.xz RUN=runs/h200 EPISODES=24
                                MAX_MINUTES=6 GRPO_STEPS=20 [CYCLE_ARGS=...]   (make cycle from a carried policy: collect,
                                world models, reward, pair, GRPO in the pair, the 10 x 50 before and after)
@@ -97,6 +98,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 from wmrl.layout import RunLayout  # noqa: E402  (standard library only: fine before the environment is ready)
 from wmrl.procs import torchrun  # noqa: E402  (likewise)
+from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreement  # noqa: E402  (likewise)
 
 PROFILE = "default"
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
@@ -356,13 +358,35 @@ def phase_wm(v: dict, env: dict) -> None:
             *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []),
             *shlex.split(v.get("WM_ARGS", ""))]  # WM_ARGS="--compile --self-context 0.25": any wm_update option
-    stage("wm_update", "wm_update.py", args, env, extra_env={"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"),
-                                                             "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")})
-    if not (layout.reward / "config.json").exists():  # after the update: it trains on the frames they generate
-        stage("wm_reward", "wm_reward.py", ["--run", run, "--no-progress", *shlex.split(v.get("REWARD_ARGS", ""))], env)
-    stage("package", "package_pair.py", ["--run", run, "--overwrite"], env)
-    stage("wm_eval", "wm_eval.py", ["--run", run, "--videos", "4"], env)
+    gpus = {"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"), "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")}
+    stage("wm_update", "wm_update.py", args, env, extra_env=gpus)
+    pair_and_eval(run, layout, v, env, "")
+    # MORE_ROUNDS=1 [MORE_MINUTES=4 MIN_AGREEMENT=0.6]: while GRPO's gate would refuse the pair (its
+    # agreement below the floor with its whole interval), train it further and evaluate it again
+    for r in range(1, int(v.get("MORE_ROUNDS", "0")) + 1):
+        try:
+            check_agreement(ModelPair(layout.model_pair, {}), float(v.get("MIN_AGREEMENT", "0.6")))
+            break
+        except PairError as e:
+            print(f"[gpu] round {r} of training further: {str(e).split(': GRPO')[0]}", flush=True)
+        shutil.copy(layout.model_pair / FIDELITY_FILE, OUT / f"fidelity_before_round{r}.json")
+        shutil.rmtree(layout.reward)
+        reached = json.loads(layout.selection.read_text())["wrist"]["step"]
+        stage(f"wm_update_more{r}", "wm_update.py", [
+            "--run", run, "--more", "--steps", max(int(v.get("STEPS", "400")), 2 * reached), "--save-interval", "100",
+            "--no-progress", "--max-minutes", v.get("MORE_MINUTES", "4"), *shlex.split(v.get("WM_ARGS", ""))], env,
+            extra_env=gpus)
+        pair_and_eval(run, layout, v, env, f"_more{r}")
     pack(Path(run), "wm")
+
+
+def pair_and_eval(run: str, layout: RunLayout, v: dict, env: dict, suffix: str) -> None:
+    """The reward on the updated models' frames, the pair, and its agreement and fidelity (wm_eval)."""
+    if not (layout.reward / "config.json").exists():  # after the update: it trains on the frames they generate
+        stage("wm_reward" + suffix, "wm_reward.py", ["--run", run, "--no-progress", *shlex.split(v.get("REWARD_ARGS", ""))],
+              env)
+    stage("package" + suffix, "package_pair.py", ["--run", run, "--overwrite"], env)
+    stage("wm_eval" + suffix, "wm_eval.py", ["--run", run, "--videos", "4"], env)
 
 
 def phase_probe(v: dict, env: dict) -> None:
