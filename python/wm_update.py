@@ -86,7 +86,7 @@ def check_more(args, train: WMTrainConfig) -> None:
     sel = RunLayout(args.run).selection
     if not sel.exists():
         raise ConfigError(f"--more trains a finished update further, and {sel} is not there: run "
-                          f"`make wm-update RUN={args.run}` (without MORE=1) first; it resumes an interrupted one")
+                          f"`make wm-update RUN={args.run}` (without MORE=1) first, or again if it was interrupted")
     reached = read_json(sel, ConfigError, "")["wrist"]["step"]
     if reached >= train.steps:
         raise ConfigError(f"--more: the wrist model stopped at update {reached}, and --steps is {train.steps}: give a "

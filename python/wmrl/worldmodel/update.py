@@ -106,15 +106,15 @@ def run_update(run: str | os.PathLike, main: ViewLaunch, wrist: ViewLaunch, *, h
     """Train both views concurrently with the stop rule; returns (and writes) the selection.
     ``max_s``: after this many seconds the wrist model is asked to stop too (a time limit).
     ``more``: a finished update trains further (each view resumes its newest checkpoint); its
-    selection is replaced when the views stop again (the weights it named stay where they are)."""
+    selection is replaced only when the views stop again, so a killed run leaves it naming the
+    weights it chose, and the same command continues."""
     layout = RunLayout(run)
     sel = layout.selection
     view_dir = layout.wm_view
     if more and sel.exists():
         done = read_json(sel, ConfigError, "")
         log(f"[wm-update] training further from main step {done['main']['step']}, wrist step {done['wrist']['step']}")
-        sel.unlink()
-    if sel.exists():
+    elif sel.exists():
         log(f"[wm-update] {sel} exists: this update is finished (make wm-update MORE=1 trains it further)")
         return read_json(sel, ConfigError, "")
     for v in (main, wrist):
