@@ -359,7 +359,8 @@ def phase_wm(v: dict, env: dict) -> None:
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []),
             *shlex.split(v.get("WM_ARGS", ""))]  # WM_ARGS="--compile --self-context 0.25": any wm_update option
     gpus = {"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"), "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")}
-    stage("wm_update", "wm_update.py", args, env, extra_env=gpus)
+    if stage("wm_update", "wm_update.py", args, env, extra_env=gpus):
+        sys.exit(1)  # every later stage reads its models (a reward on real frames alone would mislead)
     pair_and_eval(run, layout, v, env, "")
     # MORE_ROUNDS=1 [MORE_MINUTES=4 MIN_AGREEMENT=0.6]: while GRPO's gate would refuse the pair (its
     # agreement below the floor with its whole interval), train it further and evaluate it again
@@ -372,21 +373,25 @@ def phase_wm(v: dict, env: dict) -> None:
         shutil.copy(layout.model_pair / FIDELITY_FILE, OUT / f"fidelity_before_round{r}.json")
         shutil.rmtree(layout.reward)
         reached = json.loads(layout.selection.read_text())["wrist"]["step"]
-        stage(f"wm_update_more{r}", "wm_update.py", [
-            "--run", run, "--more", "--steps", max(int(v.get("STEPS", "400")), 2 * reached), "--save-interval", "100",
-            "--no-progress", "--max-minutes", v.get("MORE_MINUTES", "4"), *shlex.split(v.get("WM_ARGS", ""))], env,
-            extra_env=gpus)
+        if stage(f"wm_update_more{r}", "wm_update.py", [
+                "--run", run, "--more", "--steps", max(int(v.get("STEPS", "400")), 2 * reached), "--save-interval", "100",
+                "--no-progress", "--max-minutes", v.get("MORE_MINUTES", "4"), *shlex.split(v.get("WM_ARGS", ""))], env,
+                extra_env=gpus):
+            sys.exit(1)
         pair_and_eval(run, layout, v, env, f"_more{r}")
     pack(Path(run), "wm")
 
 
 def pair_and_eval(run: str, layout: RunLayout, v: dict, env: dict, suffix: str) -> None:
-    """The reward on the updated models' frames, the pair, and its agreement and fidelity (wm_eval)."""
+    """The reward on the updated models' frames, the pair, and its agreement and fidelity (wm_eval);
+    a failed stage stops the chain (each reads the one before)."""
     if not (layout.reward / "config.json").exists():  # after the update: it trains on the frames they generate
-        stage("wm_reward" + suffix, "wm_reward.py", ["--run", run, "--no-progress", *shlex.split(v.get("REWARD_ARGS", ""))],
-              env)
-    stage("package" + suffix, "package_pair.py", ["--run", run, "--overwrite"], env)
-    stage("wm_eval" + suffix, "wm_eval.py", ["--run", run, "--videos", "4"], env)
+        if stage("wm_reward" + suffix, "wm_reward.py", ["--run", run, "--no-progress",
+                                                         *shlex.split(v.get("REWARD_ARGS", ""))], env):
+            sys.exit(1)
+    if stage("package" + suffix, "package_pair.py", ["--run", run, "--overwrite"], env) or \
+            stage("wm_eval" + suffix, "wm_eval.py", ["--run", run, "--videos", "4"], env):
+        sys.exit(1)
 
 
 def phase_probe(v: dict, env: dict) -> None:
