@@ -25,7 +25,8 @@ returns only a few files).
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
                                newest supervised checkpoint, at the same time on their GPU and share of the cores)
     python3 bench/gpu.py learn+eval+grpo ...     # phases one after the other (one set of variables)
-    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 STEPS=400 [MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
+    python3 bench/gpu.py wm    RUN=runs/h200 EPISODES=20 [STEPS=4000 (the profile's unless given)
+                               MAX_MINUTES=6 MICRO=256 ACCUM=1 GPUS_MAIN=0 GPUS_WRIST=0
                                WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)
                                REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
                                COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
@@ -354,7 +355,8 @@ def phase_wm(v: dict, env: dict) -> None:
     more = v.get("MORE") == "1" and layout.selection.exists()  # a finished pair trains further (wm_update --more)
     if more:  # to STEPS or MAX_MINUTES more, then a new reward, pair and evaluation
         shutil.rmtree(layout.reward, ignore_errors=True)
-    args = ["--run", run, "--steps", v.get("STEPS", "400"), "--save-interval", "100", "--no-progress",
+    # without STEPS, the profile's target (default 4,000 updates), as make wm-update
+    args = ["--run", run, *(["--steps", v["STEPS"]] if "STEPS" in v else []), "--save-interval", "100", "--no-progress",
             *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
             *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []),
             *shlex.split(v.get("WM_ARGS", ""))]  # WM_ARGS="--compile --self-context 0.25": any wm_update option
@@ -374,7 +376,7 @@ def phase_wm(v: dict, env: dict) -> None:
         shutil.rmtree(layout.reward)
         reached = json.loads(layout.selection.read_text())["wrist"]["step"]
         if stage(f"wm_update_more{r}", "wm_update.py", [
-                "--run", run, "--more", "--steps", max(int(v.get("STEPS", "400")), 2 * reached), "--save-interval", "100",
+                "--run", run, "--more", "--steps", max(int(v.get("STEPS", "0")), 2 * reached), "--save-interval", "100",
                 "--no-progress", "--max-minutes", v.get("MORE_MINUTES", "4"), *shlex.split(v.get("WM_ARGS", ""))], env,
                 extra_env=gpus):
             sys.exit(1)
