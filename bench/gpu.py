@@ -355,11 +355,14 @@ def phase_wm(v: dict, env: dict) -> None:
     more = v.get("MORE") == "1" and layout.selection.exists()  # a finished pair trains further (wm_update --more)
     if more:  # to STEPS or MAX_MINUTES more, then a new reward, pair and evaluation
         shutil.rmtree(layout.reward, ignore_errors=True)
-    # without STEPS, the profile's target (default 4,000 updates), as make wm-update
-    args = ["--run", run, *(["--steps", v["STEPS"]] if "STEPS" in v else []), "--save-interval", "100", "--no-progress",
-            *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else []),
-            *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []),
-            *shlex.split(v.get("WM_ARGS", ""))]  # WM_ARGS="--compile --self-context 0.25": any wm_update option
+    # what every update of this phase shares (a round of training further keeps the batch and options);
+    # WM_ARGS="--compile --self-context 0.25": any wm_update option
+    common = ["--run", run, "--save-interval", "100", "--no-progress",
+              *(["--micro-batch", v["MICRO"]] if "MICRO" in v else []), *(["--grad-accum", v["ACCUM"]] if "ACCUM" in v else [])]
+    wm_args = shlex.split(v.get("WM_ARGS", ""))
+    # without STEPS, the profile's target (default 4,000 updates), as make wm-update; WM_ARGS last (they win)
+    args = [*common, *(["--steps", v["STEPS"]] if "STEPS" in v else []),
+            *(["--max-minutes", v["MAX_MINUTES"]] if "MAX_MINUTES" in v else []), *(["--more"] if more else []), *wm_args]
     gpus = {"WM_GPUS_MAIN": v.get("GPUS_MAIN", "0"), "WM_GPUS_WRIST": v.get("GPUS_WRIST", "0")}
     if stage("wm_update", "wm_update.py", args, env, extra_env=gpus):
         sys.exit(1)  # every later stage reads its models (a reward on real frames alone would mislead)
@@ -371,14 +374,13 @@ def phase_wm(v: dict, env: dict) -> None:
             check_agreement(ModelPair(layout.model_pair, {}), float(v.get("MIN_AGREEMENT", "0.6")))
             break
         except PairError as e:
-            print(f"[gpu] round {r} of training further: {str(e).split(': GRPO')[0]}", flush=True)
+            print(f"[gpu] round {r} of training further: {e}", flush=True)
         shutil.copy(layout.model_pair / FIDELITY_FILE, OUT / f"fidelity_before_round{r}.json")
         shutil.rmtree(layout.reward)
         reached = json.loads(layout.selection.read_text())["wrist"]["step"]
         if stage(f"wm_update_more{r}", "wm_update.py", [
-                "--run", run, "--more", "--steps", max(int(v.get("STEPS", "0")), 2 * reached), "--save-interval", "100",
-                "--no-progress", "--max-minutes", v.get("MORE_MINUTES", "4"), *shlex.split(v.get("WM_ARGS", ""))], env,
-                extra_env=gpus):
+                *common, *wm_args, "--more", "--steps", max(int(v.get("STEPS", "0")), 2 * reached),
+                "--max-minutes", v.get("MORE_MINUTES", "4")], env, extra_env=gpus):  # a round's own limit wins
             sys.exit(1)
         pair_and_eval(run, layout, v, env, f"_more{r}")
     pack(Path(run), "wm")
