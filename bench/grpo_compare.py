@@ -8,7 +8,8 @@ outcomes differ; the rest are skipped), the gradient cosine of the two halves of
 it was measured, the mean rollout and update seconds, and the newest real evaluation. Then, per
 setting that differs between the runs (the ``grpo`` and environment settings in each run's newest
 policy checkpoint), the pooled
-share of groups with mixed outcomes.
+share of groups with mixed outcomes, and in imagination the pair's closed-loop check
+(``ImaginedEnv.diagnostics``: imagined against real success from the same recorded episodes' starts).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def main(argv=None) -> None:
     print()
     for tag, (m, n) in pooled.items():
         print(f"{tag}: {m} of {n} group-steps had mixed outcomes ({100 * m / max(n, 1):.0f}%)")
+    for run, (rows, _) in runs.items():  # imagination: the pair's closed-loop check at the first step that has it
+        first = next((r for r in rows if r.get("from_episode_starts")), None)
+        if first:
+            print(f"{run}, step {first['step']}, from the first keyframe of recorded episodes: " + "; ".join(
+                f"{p}: imagined {100 * d['imagined_success']:.0f}% vs real {100 * d['recorded_success']:.0f}% "
+                f"({d['rollouts']} rollouts)" for p, d in first["from_episode_starts"].items()))
 
 
 if __name__ == "__main__":

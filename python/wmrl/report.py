@@ -150,6 +150,7 @@ def world_models(pair: Path, run: Path) -> list[Block]:
         ["episode agreement with the simulator (balanced accuracy; target 0.85)",
          agreement_text(a) if "balanced_accuracy" in a else "-"],
         ["the same reward reading the real frames (its ceiling)", ceiling.get("balanced_accuracy", "-")],
+        ["share of the simulator's GRPO signal per rollout, (2 x agreement - 1)^2", a.get("grpo_signal_share", "-")],
         ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],
         ["reward balanced accuracy, real frames", r.get("balanced_accuracy_real", "-")],

@@ -279,6 +279,9 @@ class ToyReach:
     def settings(self):
         return {"env": "toy"}
 
+    def diagnostics(self, outcomes):
+        return {}
+
     def close(self):
         pass
 
@@ -517,6 +520,30 @@ def test_a_groups_rollouts_share_the_world_models_noise_unless_asked_otherwise(p
     with pytest.raises(ValueError, match="group or rollout"):
         ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=1, seed=0, max_chunks=1, image_size=64,
                     chunk_size=8, index_dir=None, world_noise="episode")
+
+
+def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episodes(run_with_pair):
+    """ImaginedEnv.diagnostics: rollouts from the first keyframe of a recorded episode, per policy
+    that recorded it: their imagined success beside the real outcome of those episodes (from the
+    keyframe index); later keyframes and pairs packaged before the index held outcomes count nothing."""
+    from wmrl.layout import RunLayout
+    from wmrl.rl.envs import ImaginedEnv
+
+    pair = RunLayout(run_with_pair).model_pair
+    index = json.loads((pair / "init_observations.json").read_text())["keyframes"]
+    assert {(k["episode_success"], k["episode_policy"]) for k in index} == {(True, "test")}  # synthetic: all succeeded
+
+    env = ImaginedEnv(pair, tasks=(0,), groups=4, seed=0, max_chunks=2, image_size=64, chunk_size=8, index_dir=None)
+    out = env.run(env.starts(1), 2, lambda obs: torch.zeros(len(obs.rollout), 8, 7))
+    firsts = [o for o in out if o.start.endswith(":0")]
+    d = env.diagnostics(out)["from_episode_starts"]["test"]
+    assert firsts and d["rollouts"] == len(firsts) and d["recorded_success"] == 1.0
+    assert d["imagined_success"] == round(sum(o.success for o in firsts) / len(firsts), 4)
+    assert env.diagnostics([o for o in out if not o.start.endswith(":0")]) == {}
+    env.keyframe_sources = {k: (c, None, "") for k, (c, _, _) in env.keyframe_sources.items()}  # an older index
+    assert env.diagnostics(out) == {}
+    line = grpo.closed_loop_text({"test": d}, "sft/10")
+    assert f"imagined {d['imagined_success']:.0%} vs real 100%" in line and "sft/10" in line
 
 
 # ------------------------------------------------------------------------------ the real simulator

@@ -817,6 +817,7 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     a = episode_agreement(roll, Mark)
     assert a["balanced_accuracy"] == 1.0 and a["timing_error_chunks"] == 0.0 and a["real_successes"] == 2
     assert a["confusion"] == {"both_success": 2, "only_real": 0, "only_imagined": 0, "both_failure": 2}
+    assert a["grpo_signal_share"] == 1.0  # GRPO in it would follow the simulator's whole signal
 
     class Never(Mark):
         @staticmethod
@@ -825,6 +826,7 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
 
     b = episode_agreement(roll, Never)
     assert b["balanced_accuracy"] == 0.5 and b["accuracy"] == 0.5 and b["timing_error_chunks"] is None
+    assert b["grpo_signal_share"] == 0.0  # and none of it
     late = {**roll, "imagined": {"main": real.roll(1, dims=1), "wrist": real}}  # success imagined one chunk late
     late["valid"] = torch.ones(4, 7, dtype=torch.bool)
     assert episode_agreement(late, Mark)["timing_error_chunks"] == 1.0

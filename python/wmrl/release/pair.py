@@ -129,8 +129,11 @@ def keyframe_tensors(chosen: list[tuple[object, int]], context: int, action_hist
     per_task_count: dict[str, int] = {}
     for e, _ in chosen:
         per_task_count[str(e.task)] = per_task_count.get(str(e.task), 0) + 1
+    # the source episode's outcome in the simulator and the policy that recorded it: what imagined
+    # rollouts from its first keyframe by that same policy should reach (ImaginedEnv.diagnostics)
     info = {"keyframes": [{"episode": e.key, "file_sha256": e.file_sha256, "chunk": k, "task": e.task,
-                           "source": e.source} for e, k in chosen],
+                           "source": e.source, "episode_success": bool(e.success.any()) if e.outcome is None else e.outcome,
+                           "episode_policy": e.policy} for e, k in chosen],
             "episodes": sorted({e.key for e, _ in chosen}), "context": context,
             **({"action_history": action_history} if action_history else {}),
             "instructions": {str(e.task): e.instruction for e, _ in chosen},
@@ -257,6 +260,8 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
     """Refuse a pair whose measured agreement lies below ``floor`` with its whole 95% interval
     (few held-out episodes make a wide interval: only a pair shown to be worse is refused).
     Returns the agreement (None: unmeasured)."""
+    from wmrl.worldmodel.fidelity import signal_share
+
     agreement = measured_agreement(pair)
     point = (agreement or {}).get("balanced_accuracy")
     if point is None or floor <= 0:  # (None also where the held-out episodes all share one outcome)
@@ -266,7 +271,8 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
         raise PairError(
             f"the model pair {pair.root} tells the simulator's successes from failures at {point:.2f} (95%: "
             f"{low:.2f}-{high:.2f}, {agreement.get('episodes', '?')} held-out episodes; {FIDELITY_FILE}), below "
-            f"grpo.min_agreement={floor}: GRPO in it would learn the reward model's errors. Train its world models "
+            f"grpo.min_agreement={floor}: GRPO in it would follow {signal_share(point):.2f} of the simulator's signal "
+            f"((2 x agreement - 1)^2) and learn the reward model's errors. Train its world models "
             f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
             "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")
     return agreement

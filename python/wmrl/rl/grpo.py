@@ -555,7 +555,7 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
            "rollout_s": round(rollout_s, 2), "update_s": round(update_s, 2),
            "env_steps_per_s": round(env_steps / max(rollout_s, 1e-9), 1),
            "update_share": round(update_s / max(rollout_s + update_s, 1e-9), 3),
-           "tasks": sorted({s.task for s in starts}), **ust, "time": time.time()}
+           "tasks": sorted({s.task for s in starts}), **ust, **env.diagnostics(outcomes), "time": time.time()}
     peaks = sorted(o.reward_peak for o in outcomes if o.reward_peak is not None)
     if peaks:  # imagination: how high the reward model's success probability got, per rollout (median)
         rec["reward_peak_median"] = peaks[len(peaks) // 2]
@@ -563,6 +563,17 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
         raise FloatingPointError(f"GRPO loss is {rec['loss']} at step {step}; lower --lr (rerunning resumes from the "
                                  "last full state)")
     return rec, outcomes, adv
+
+
+def closed_loop_text(by_policy: dict, sft_ref: str | None) -> str:
+    """``ImaginedEnv.diagnostics`` for a person: per policy that recorded the start episodes, the
+    imagined success of this step's rollouts from their first keyframes beside their real success."""
+    rows = "; ".join(f"{p}: imagined {d['imagined_success']:.0%} vs real {d['recorded_success']:.0%} "
+                     f"({d['rollouts']} rollouts)" for p, d in by_policy.items())
+    return (f"[grpo] closed-loop check of the pair, rollouts from the first keyframe of recorded episodes, by the "
+            f"policy that recorded them: {rows}. Where that policy is the one GRPO started from ({sft_ref}, at the "
+            f"same temperature) the two should match; imagined success far below real means the policy acts worse on "
+            f"imagined frames than on real ones, and GRPO learns what succeeds in the pair's frames")
 
 
 # =========================================================================== the loop
@@ -698,6 +709,8 @@ def main(job: GRPOJob) -> dict:
                 say(f"[grpo] step {step}: no group had both outcomes ({outcome}), so the policy did not change" +
                     (" (in imagination the reward model decides: see the pair's fidelity.json, agreement)"
                      if cfg.env == "wm" else ""))
+            if step == start + 1 and rec.get("from_episode_starts"):  # the pair's closed-loop check, once a call
+                say(closed_loop_text(rec["from_episode_starts"], origin.get("sft_ref")))
             rollout_log.write({"step": step, "outcomes": [asdict(o) for o in outcomes], "advantages": adv.tolist()})
             bar.set_postfix(success=f"{rec['rollout_success']:.2f}", skipped=f"{rec['skipped_groups']}/{rec['groups']}")
             bar.update(1)

@@ -56,6 +56,7 @@ class Episode:
     # can be true with no success frame here: the goal held after some step inside a chunk but
     # no longer at the chunk's end (an object that bounced off). None: unknown (use ``success``)
     outcome: bool | None = None
+    policy: str = ""  # the ``policy_id`` that recorded it (e.g. flow-policy@step4000-sde-K10-T1)
 
 
 def _frames(dataset, idx: np.ndarray) -> np.ndarray:
@@ -95,7 +96,8 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
         success=a["rewards"][idx] > 0, source=source, key=key,
         task=int(group.attrs.get("task_index", -1)), instruction=str(group.attrs.get("instruction", "")),
         init_mode=str(group.attrs.get("init_mode", "train")), file_sha256=file_sha256, phase=phase,
-        outcome=bool(group.attrs["success"]) if "success" in group.attrs else None)
+        outcome=bool(group.attrs["success"]) if "success" in group.attrs else None,
+        policy=str(group.attrs.get("policy_id", "")))
 
 
 def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False,
