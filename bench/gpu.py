@@ -54,6 +54,8 @@ returns only a few files).
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
                                RANK_ARGS="--traces"]
+    python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20]   (the policy's actions on the pair's
+                               imagined frames against the real ones, bench/action_gap.py; after wm: unpack+wm+gap+grpo)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -477,6 +479,14 @@ def phase_rank(v: dict, env: dict) -> None:
     pack(Path(run), "rank")
 
 
+def phase_gap(v: dict, env: dict) -> None:
+    """Does the policy act on RUN's pair's imagined frames as on the real ones (bench/action_gap.py)?
+    A few seconds of imagination; the JSON comes back in OUT."""
+    stage("action_gap", "bench/action_gap.py", ["--run", v.get("RUN", "runs/h200"), "--policy",
+                                                v.get("POLICY", "sft/4000@ode"), "--episodes", v.get("GAP_EPISODES", "20"),
+                                                "--device", "cuda", "--json", OUT / "action_gap.json"], env)
+
+
 def phase_sim(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
     stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", v.get("SIZES", "128,256"),
@@ -563,8 +573,8 @@ def phase_bimanual(v: dict, env: dict) -> None:
 
 
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
-          "rank": phase_rank, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed, "probe": phase_probe,
-          "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
+          "rank": phase_rank, "gap": phase_gap, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
+          "probe": phase_probe, "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
           "bimanual": phase_bimanual}
 
 

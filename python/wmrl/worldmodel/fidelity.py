@@ -91,19 +91,23 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
     valid = (t <= lengths[:, None]) & (t <= real_steps)
     ended = lengths <= real_steps  # over within the horizon: imagined on while held still
     imagined_valid = valid | (ended[:, None] & (t <= lengths[:, None] + hold_chunks))
-    p0 = torch.stack([torch.from_numpy(ep.proprio[0]) for ep in episodes]).to(device)
+    real_proprio = torch.stack([torch.from_numpy(_pad(ep.proprio, steps + 1)) for ep in episodes]).float()
+    p0 = real_proprio[:, 0].to(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     world = Imagination(main_model, wrist_model)
     world.start(real["main"][:, :1].to(device), real["wrist"][:, :1].to(device), p0)
     imagined = {v: [real[v][:, 0].to(device)] for v in ("main", "wrist")}
+    imagined_proprio = [p0.float()]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and torch.device(device).type == "cuda")
     for t in range(steps):
         with autocast:
-            main, wrist, _ = world.step(acts[:, t], generator=g)
+            main, wrist, proprio = world.step(acts[:, t], generator=g)
         imagined["main"].append(main)
         imagined["wrist"].append(wrist)
+        imagined_proprio.append(proprio.float())
     success = [torch.from_numpy(_pad(ep.success, steps + 1)) & valid[i] for i, ep in enumerate(episodes)]
     return {"real": {v: real[v] for v in real}, "imagined": {v: torch.stack(imagined[v], 1).cpu() for v in imagined},
+            "proprio": {"real": real_proprio, "imagined": torch.stack(imagined_proprio, 1).cpu()},  # (E, T + 1, P) raw
             "valid": valid, "imagined_valid": imagined_valid, "success": success, "steps": real_steps,
             "hold_chunks": hold_chunks, "episodes": e, "outcome": simulator_outcomes(episodes)}
 

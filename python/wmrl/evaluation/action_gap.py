@@ -1,0 +1,79 @@
+"""Does the policy act on imagined frames as it acts on the real ones?
+
+GRPO in imagination lets the policy act on the pair's frames. Where those frames differ from the
+real ones in what the policy reads (the gripper, the object, the arm), it acts otherwise than it
+would in the simulator from the same state, and a rollout that would succeed there fails in the
+pair: on an H100 the supervised policy succeeded in 25% of its imagined rollouts from the first
+keyframes of episodes it had recorded at 63% real (bench/RESULTS.md, "GRPO in a pair that passes
+the gate"). ``make wm-eval``'s agreement cannot see this: it replays recorded actions.
+
+This measures it without a simulator. Held-out real episodes are imagined open loop with their
+recorded actions (``fidelity.open_loop``); at 1, 5, 10 and 20 chunks the policy is asked for its
+action chunk three times with the same sampler noise:
+
+* on the **real** frames and proprio at that boundary (what it does in the simulator);
+* on the **imagined** ones (what it does in the pair, on the way the pair drew that moment);
+* on the **held** start (frames and proprio of chunk 0: "nothing moved", the bar that PSNR's
+  ``*_static`` is for frames).
+
+Per horizon: the mean distance between the policy's actions on imagined and on real inputs (per
+control step, in the controller's units), the same for the held start, their ratio (below 1: the
+imagined frames tell the policy where it is better than the start frame does; near 1: the policy
+learns nothing from them), and how often the gripper command has the same sign.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from wmrl.worldmodel.fidelity import HORIZONS
+
+INPUTS = ("real", "imagined", "held")
+
+
+def observations(roll: dict, episodes: list, rows: list[int], t: int, inputs: str, chunk_size: int) -> list:
+    """The policy's observations at boundary ``t`` of episodes ``rows``: from the real or the
+    imagined frames and proprio, or ("held") the real start's. ``step`` and ``state`` are the same
+    for every kind of input, so the policy draws the same noise for all three."""
+    from wmrl.worldmodel.model import unit_to_images
+
+    source, at = ("real", 0) if inputs == "held" else (inputs, t)
+    image = lambda view, i: unit_to_images(roll[source][view][i, at][None].float())[0].cpu().numpy()  # noqa: E731
+    return [SimpleNamespace(main=image("main", i), wrist=image("wrist", i),
+                            proprio=roll["proprio"][source][i, at].cpu().numpy(), instruction=episodes[i].instruction,
+                            task_index=episodes[i].task, step=t * chunk_size, state=np.asarray([i], np.float64))
+            for i in rows]
+
+
+def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HORIZONS) -> dict:
+    """Per horizon (chunks after the start, where episodes are still running): the distance of
+    the policy's actions on imagined and on held inputs from its actions on the real ones.
+    ``roll``: ``fidelity.open_loop`` of ``episodes``; ``runner``: a chunk policy (``PolicyRunner``)."""
+    out: dict = {"episodes": len(episodes), "policy_id": getattr(runner, "policy_id", "policy"), "horizons": {}}
+    for h in horizons:
+        if h > roll["steps"]:
+            continue
+        rows = torch.nonzero(roll["valid"][:, h]).flatten().tolist()
+        if not rows:
+            continue
+        acts = {k: np.asarray(runner.act(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
+        dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in ("imagined", "held")}
+        grip = lambda k: float((np.sign(acts[k][..., -1]) == np.sign(acts["real"][..., -1])).mean())  # noqa: E731
+        out["horizons"][str(h)] = {
+            "episodes": len(rows), "action_gap_imagined": round(dist["imagined"], 4), "action_gap_held": round(dist["held"], 4),
+            "ratio": round(dist["imagined"] / dist["held"], 3) if dist["held"] > 0 else None,
+            "gripper_agrees_imagined": round(grip("imagined"), 3), "gripper_agrees_held": round(grip("held"), 3)}
+    return out
+
+
+def table(result: dict) -> str:
+    """The result as a Markdown table, one row per horizon."""
+    lines = ["| chunks ahead | episodes | action gap, imagined | action gap, held start | ratio | gripper agrees, "
+             "imagined / held |", "|---|---|---|---|---|---|"]
+    for h, r in result["horizons"].items():
+        lines.append(f"| {h} | {r['episodes']} | {r['action_gap_imagined']} | {r['action_gap_held']} | {r['ratio']} | "
+                     f"{r['gripper_agrees_imagined']:.0%} / {r['gripper_agrees_held']:.0%} |")
+    return "\n".join(lines)

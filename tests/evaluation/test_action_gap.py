@@ -1,0 +1,63 @@
+"""The policy's actions on imagined against real frames (wmrl.evaluation.action_gap) and its bench script."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from wmrl.config import ConfigError
+from wmrl.evaluation.action_gap import action_gap, table
+
+from tests.rl.conftest import pair_run, sft_run  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _episodes_and_roll(run: Path):
+    from wmrl.layout import RunLayout
+    from wmrl.release.pair import load_pair
+    from wmrl.worldmodel.data import load_split
+    from wmrl.worldmodel.fidelity import open_loop
+    from wmrl.worldmodel.model import FrameWorldModel
+
+    pair = load_pair(RunLayout(run).model_pair)
+    main, wrist = (FrameWorldModel.from_pretrained(pair.part(v)) for v in ("main", "wrist"))
+    _, train, val = load_split(RunLayout(run).manifest, main.cfg.chunk_size)
+    episodes = (train + val)[:3]
+    return episodes, open_loop(main, wrist, episodes, horizon=2, seed=0)
+
+
+def test_frames_that_copy_the_real_ones_leave_no_gap_and_the_held_start_does(pair_run):  # noqa: F811
+    """Known answers: imagined frames and proprio equal to the real ones make the policy act
+    exactly as on the real inputs (gap 0, gripper always agrees, same noise for both); the held
+    start differs from the real boundary, so the policy acts otherwise there; an untrained pair's
+    frames are not the real ones either."""
+    from wmrl.evaluation.ranking import parse_policy
+    from wmrl.policy.runner import PolicyRunner
+
+    episodes, roll = _episodes_and_roll(pair_run)
+    runner = PolicyRunner(parse_policy("sft/10@ode", pair_run).checkpoint, device="cpu", sampler="ode")
+    assert roll["proprio"]["imagined"].shape == roll["proprio"]["real"].shape == (3, 3, 8)
+    copy = {**roll, "imagined": {v: x.clone() for v, x in roll["real"].items()},
+            "proprio": {"real": roll["proprio"]["real"], "imagined": roll["proprio"]["real"].clone()}}
+    same = action_gap(copy, episodes, runner, chunk_size=8)
+    assert list(same["horizons"]) == ["1"]  # 5, 10 and 20 lie past these short episodes
+    h1 = same["horizons"]["1"]
+    assert h1["episodes"] == 3 and h1["action_gap_imagined"] == 0.0 and h1["gripper_agrees_imagined"] == 1.0
+    assert h1["action_gap_held"] > 0 and h1["ratio"] == 0.0
+    untrained = action_gap(roll, episodes, runner, chunk_size=8)["horizons"]["1"]
+    assert untrained["action_gap_imagined"] > 0
+    assert "| 1 | 3 |" in table(same)
+
+
+def test_the_bench_script_measures_a_pair_and_refuses_bad_input(pair_run, tmp_path):  # noqa: F811
+    spec = importlib.util.spec_from_file_location("action_gap_bench", ROOT / "bench" / "action_gap.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--episodes", "2", "--horizon", "2",
+                      "--device", "cpu", "--json", str(tmp_path / "gap.json")])
+    assert out["horizons"]["1"]["episodes"] >= 1 and json.loads((tmp_path / "gap.json").read_text())["policy"] == "sft/10@ode"
+    with pytest.raises(ConfigError, match="a control reads no frames"):
+        bench.main(["--run", str(pair_run), "--policy", "hold"])
+    with pytest.raises(ConfigError, match="make package"):
+        bench.main(["--run", str(tmp_path), "--policy", "sft/10"])
