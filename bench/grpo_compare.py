@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from wmrl.layout import RunLayout, parse_step_name  # noqa: E402
+from wmrl.report import closed_loop_rows  # noqa: E402
 
 
 def steps(run: Path) -> list[dict]:
@@ -90,9 +91,8 @@ def main(argv=None) -> None:
     for run, (rows, _) in runs.items():  # imagination: the pair's closed-loop check at the first step that has it
         first = next((r for r in rows if r.get("from_episode_starts")), None)
         if first:
-            print(f"{run}, step {first['step']}, from the first keyframe of recorded episodes: " + "; ".join(
-                f"{p}: imagined {100 * d['imagined_success']:.0f}% vs real {100 * d['recorded_success']:.0f}% "
-                f"({d['rollouts']} rollouts)" for p, d in first["from_episode_starts"].items()))
+            print(f"{run}, step {first['step']}, from the first keyframe of recorded episodes: "
+                  + closed_loop_rows(first["from_episode_starts"]))
 
 
 if __name__ == "__main__":

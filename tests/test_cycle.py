@@ -417,6 +417,10 @@ def test_the_report_tables_grpo_steps_at_most_forty_rows_the_last_kept(tmp_path)
     assert len(rows) == 40 and rows[0][0] == 1 and rows[-1][0] == 50
     assert rows[-1][1:] == ["50.0%", "20 / 64", "0.0040", "1.00e-05", "16.2", "11.0", "5000"]
     assert grpo_steps(tmp_path / "none.jsonl") == []
+    check = {"policy-a": {"rollouts": 168, "imagined_success": 0.25, "recorded_success": 0.63}}  # imagination's first step
+    log.write_text(json.dumps({"step": 1, "rollout_success": 0.26, "from_episode_starts": check}) + "\n")
+    (_, _, [row]), (kind, text) = grpo_steps(log)
+    assert kind == "p" and "at step 1" in text and "policy-a: imagined 25% vs real 63% (168 rollouts)" in text
 
 
 def test_an_agreement_reads_with_its_interval_where_one_was_drawn():

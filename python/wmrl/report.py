@@ -124,11 +124,24 @@ def grpo_steps(log: Path, most: int = 40) -> list[Block]:
         return []
     keep = sorted({round(i * (len(rows) - 1) / (most - 1)) for i in range(most)}) if len(rows) > most else range(len(rows))
     fmt = lambda r, k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-"  # noqa: E731
-    return [("table", ["step", "rollout success", "groups skipped", "approx KL", "lr", "rollout s", "update s",
-                       "env steps/s"],
-             [[r["step"], _pct(r["rollout_success"]), f"{r.get('skipped_groups', '-')} / {r.get('groups', '-')}",
-               fmt(r, "approx_kl_final", ".4f"), fmt(r, "lr", ".2e"), fmt(r, "rollout_s", ".1f"), fmt(r, "update_s", ".1f"),
-               fmt(r, "env_steps_per_s", ".0f")] for r in (rows[i] for i in keep)])]
+    out: list[Block] = [
+        ("table", ["step", "rollout success", "groups skipped", "approx KL", "lr", "rollout s", "update s", "env steps/s"],
+         [[r["step"], _pct(r["rollout_success"]), f"{r.get('skipped_groups', '-')} / {r.get('groups', '-')}",
+           fmt(r, "approx_kl_final", ".4f"), fmt(r, "lr", ".2e"), fmt(r, "rollout_s", ".1f"), fmt(r, "update_s", ".1f"),
+           fmt(r, "env_steps_per_s", ".0f")] for r in (rows[i] for i in keep)])]
+    first = next((r for r in rows if r.get("from_episode_starts")), None)
+    if first:  # imagination: the pair's closed-loop check (ImaginedEnv.diagnostics)
+        rows_text = closed_loop_rows(first["from_episode_starts"])
+        out.append(("p", f"Closed-loop check of the pair at step {first['step']}, rollouts from the first keyframe of "
+                         f"recorded episodes, by the policy that recorded them: {rows_text}"))
+    return out
+
+
+def closed_loop_rows(by_policy: dict) -> str:
+    """``from_episode_starts`` of a GRPO step in imagination, one clause per recording policy: the
+    imagined success of the step's rollouts from those episodes' first keyframes beside their real one."""
+    return "; ".join(f"{p}: imagined {d['imagined_success']:.0%} vs real {d['recorded_success']:.0%} "
+                     f"({d['rollouts']} rollouts)" for p, d in by_policy.items())
 
 
 def agreement_text(a: dict) -> str:

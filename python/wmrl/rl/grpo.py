@@ -568,12 +568,13 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
 def closed_loop_text(by_policy: dict, sft_ref: str | None) -> str:
     """``ImaginedEnv.diagnostics`` for a person: per policy that recorded the start episodes, the
     imagined success of this step's rollouts from their first keyframes beside their real success."""
-    rows = "; ".join(f"{p}: imagined {d['imagined_success']:.0%} vs real {d['recorded_success']:.0%} "
-                     f"({d['rollouts']} rollouts)" for p, d in by_policy.items())
+    from wmrl.report import closed_loop_rows
+
     return (f"[grpo] closed-loop check of the pair, rollouts from the first keyframe of recorded episodes, by the "
-            f"policy that recorded them: {rows}. Where that policy is the one GRPO started from ({sft_ref}, at the "
-            f"same temperature) the two should match; imagined success far below real means the policy acts worse on "
-            f"imagined frames than on real ones, and GRPO learns what succeeds in the pair's frames")
+            f"policy that recorded them: {closed_loop_rows(by_policy)}. Where that policy is the one GRPO started "
+            f"from ({sft_ref}, at the same temperature) the two should match; imagined success far below real means "
+            f"the policy acts worse on imagined frames than on real ones, and GRPO learns what succeeds in the pair's "
+            f"frames (bench/action_gap.py measures how differently it acts)")
 
 
 # =========================================================================== the loop
