@@ -381,6 +381,28 @@ def test_a_pair_below_the_agreement_floor_skips_grpo_and_the_next_cycle_collects
     assert c2["lineage"]["policy_out"] == str(c2["grpo_to"])
 
 
+def test_the_orchestrator_asks_the_agreement_gate_without_torch(tmp_path):
+    """make cycle runs under the system's python3, which has no torch: the cycle and GRPO's
+    agreement gate it asks (refusal text included) must not import it."""
+    pair = tmp_path / "model_pair"
+    pair.mkdir()
+    (pair / "pair.json").write_text("{}")
+    from wmrl.fileio import sha256_file
+
+    (pair / "fidelity.json").write_text(json.dumps({"pair_json_sha256": sha256_file(pair / "pair.json"), "agreement": {
+        "balanced_accuracy": 0.5, "balanced_accuracy_95": [0.5, 0.5], "episodes": 16}}))
+    code = ("import sys; from pathlib import Path; import wmrl.cycle\n"
+            "from wmrl.release.pair import ModelPair, PairError, check_agreement\n"
+            f"try: check_agreement(ModelPair(Path({str(pair)!r}), {{}}), 0.6)\n"
+            "except PairError as e: print('refused:', e)\n"
+            "print('torch imported:', 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "python")})
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "0.00 of the simulator's signal" in r.stdout
+    assert "torch imported: False" in r.stdout
+
+
 def test_a_rerun_with_other_grpo_steps_takes_them_unless_grpo_is_past_them(tmp_path, calls, monkeypatch):
     """The cycle's record keeps its GRPO target across reruns; a rerun that asks for another
     number of steps gets it (not the recorded one) unless GRPO already saved a step past it."""

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from wmrl.release.pair import signal_share
 from wmrl.worldmodel.reward import balanced_accuracy, simulator_outcomes
 
 HORIZONS = (1, 5, 10, 20)
@@ -205,19 +206,6 @@ def episode_agreement(roll: dict, reward, frames: str = "imagined", threshold: f
             "confusion": {"both_success": int(both.sum()), "only_real": int((real & ~imag).sum()),
                           "only_imagined": int((~real & imag).sum()), "both_failure": int((~real & ~imag).sum())},
             "timing_error_chunks": round(float(timing.mean()), 2) if len(timing) else None}
-
-
-def signal_share(balanced: float | None) -> float | None:
-    """The share of the simulator's GRPO signal that the pair's successes carry: (TPR - FPR)^2 =
-    (2 x balanced accuracy - 1)^2. Where the reward's errors do not depend on the actions, an
-    imagined success happens with probability FPR + (TPR - FPR) x P(real success), so the
-    advantages and a step's expected gradient shrink by TPR - FPR while the outcomes' noise stays:
-    a step needs 1 / share times the rollouts for the simulator's signal-to-noise (0.85 -> 0.49,
-    2x; 0.67 -> 0.11, 9x). Errors that follow the actions are worse than noise: an objective of
-    their own that the policy can learn."""
-    if balanced is None:
-        return None
-    return round(max(0.0, 2 * balanced - 1) ** 2, 4)
 
 
 def balanced_accuracy_interval(pred: torch.Tensor, truth: torch.Tensor, draws: int = 2000,
