@@ -572,9 +572,9 @@ def closed_loop_text(by_policy: dict, sft_ref: str | None) -> str:
 
     return (f"[grpo] closed-loop check of the pair, rollouts from the first keyframe of recorded episodes, by the "
             f"policy that recorded them: {closed_loop_rows(by_policy)}. Where that policy is the one GRPO started "
-            f"from ({sft_ref}, at the same temperature) the two should match; imagined success far below real means "
-            f"the policy acts worse on imagined frames than on real ones, and GRPO learns what succeeds in the pair's "
-            f"frames (bench/action_gap.py measures how differently it acts)")
+            f"from ({sft_ref}, at the same temperature) the two should match. Far below real: the policy acts worse on "
+            f"imagined frames than on real ones (bench/action_gap.py measures how differently); far above: the reward "
+            f"calls imagined failures successes. Either way GRPO learns what succeeds in the pair's frames")
 
 
 # =========================================================================== the loop
