@@ -29,6 +29,11 @@ its own batches, so its cosine and SNR compare directly; its alignment is with t
 estimate of the all-K sampler (a different sampling distribution, so read it loosely); its
 success is counted with its own sampler and, for both, with the ODE (``success_ode_*``).
 
+``--label-noise 'TPR,FPR;...'``: the same batches also judged by a reward that finds a success
+with probability TPR and calls a failure one with FPR, independent of the actions (what a model
+pair's episode agreement means for GRPO); per pair of rates the measured share of the gradient's
+squared signal-to-noise against the prediction (TPR - FPR)^2 = (2 x agreement - 1)^2.
+
 The reward here is a smooth function of the final action, the case where every transition's
 noise moves the action about as far as its std; LIBERO's success is not smooth, so this is a
 direction for the GPU measurement, not a replacement for it.
@@ -55,6 +60,11 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=20, help="policy-gradient steps per N afterwards (Adam)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--one", action="store_true", help="add the one-noisy-transition mode as a row")
+    p.add_argument("--label-noise", default="",
+                   help="TPR,FPR pairs separated by ';' (e.g. '0.6,0.267;0.85,0.15'): the same batches judged by a "
+                        "reward that finds a success with probability TPR and calls a failure one with FPR, "
+                        "independent of the actions (a pair's episode agreement); the measured share of the "
+                        "gradient's squared signal-to-noise against (TPR - FPR)^2")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -182,16 +192,67 @@ def main() -> None:
                          "success_after": round(success(policy, sampler=own), 4),
                          "success_ode_before": round(before_ode, 4),
                          "success_ode_after": round(success(policy, sampler="ode"), 4)})
+    if args.label_noise:
+        policy.load_state_dict(start)
+        torch.manual_seed(args.seed + 2)
+        out_noise = label_noise_rows(args, [tuple(float(x) for x in pair.split(",")) for pair in args.label_noise.split(";")],
+                                     lambda: sde_sample(policy, prefix.expand(args.group, -1, -1), k, noise_level),
+                                     lambda s: (s.actions[:, :, 0].mean(1) > threshold).float(),
+                                     lambda s: chain_log_prob(policy, prefix.expand(args.group, -1, -1), s.chain,
+                                                              noise_level, elementwise=True).sum(dim=(1, 2, 3)),
+                                     flat, params)
     sigmas = [round(float(x), 4) for x in (noise_level * (torch.linspace(1, 0, k + 1)[:-1] /
                                                          (1 - torch.linspace(1, 0, k + 1)[:-1]).clamp(min=1 / k)).sqrt()
                                            * (1 / k) ** 0.5)]
     out = {"policy": {"params_m": round(sum(q.numel() for q in params) / 1e6, 3), "denoise_steps": k,
                       "noise_level": noise_level, "transition_std": sigmas},
            "batches": args.batches, "group": args.group, "threshold": round(threshold, 4), "seconds": round(seconds, 1),
-           "rows": rows, "learning": {"steps": args.train_steps, "lr": args.lr, "rows": learning}}
+           "rows": rows, "learning": {"steps": args.train_steps, "lr": args.lr, "rows": learning},
+           **({"label_noise": out_noise} if args.label_noise else {})}
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def signal_and_noise(G) -> tuple[float, float]:
+    """Per-batch gradient estimates G (batches, params) -> (|mu|^2, one batch's noise): the mean
+    of g_i . g_j over pairs i != j estimates |mu|^2 without the bias |mean|^2 carries; the
+    mean |g_i|^2 less it is one batch's noise."""
+    import torch
+
+    gram = G @ G.T
+    off = gram[~torch.eye(len(G), dtype=torch.bool)]
+    signal = float(off.mean())
+    return signal, float(gram.diagonal().mean()) - signal
+
+
+def label_noise_rows(args, rates, sample, succeeded, log_prob, flat, params) -> list[dict]:
+    """The same batches judged twice: by the simulator's labels and by a reward with the given
+    (TPR, FPR) whose errors do not depend on the actions; the gradient's squared signal-to-noise
+    under the noisy labels as a share of the clean one's, beside the prediction (TPR - FPR)^2."""
+    import torch
+
+    clean, noisy = [], {r: [] for r in rates}
+    for _ in range(args.batches):
+        with torch.no_grad():
+            s = sample()
+            r = succeeded(s)
+        lp = log_prob(s)
+        norm = lambda x: (x - x.mean()) / (x.std(unbiased=False) + 1e-6)  # noqa: E731
+        clean.append(flat(torch.autograd.grad((norm(r) * lp).mean(), params, retain_graph=True, allow_unused=True)))
+        u = torch.rand_like(r)
+        for tpr, fpr in rates:
+            said = torch.where(r > 0, u < tpr, u < fpr).float()
+            noisy[(tpr, fpr)].append(flat(torch.autograd.grad((norm(said) * lp).mean(), params, retain_graph=True,
+                                                              allow_unused=True)))
+    sig_c, noise_c = signal_and_noise(torch.stack(clean))
+    rows = [{"labels": "simulator", "signal_sq": sig_c, "noise": noise_c, "snr_sq": sig_c / noise_c}]
+    for (tpr, fpr), gs in noisy.items():
+        sig, noise = signal_and_noise(torch.stack(gs))
+        rows.append({"labels": f"TPR {tpr}, FPR {fpr}", "signal_sq": sig, "noise": noise, "snr_sq": sig / noise,
+                     "share_measured": round(sig / noise / (sig_c / noise_c), 3),
+                     "share_predicted": round((tpr - fpr) ** 2, 3)})
+    return rows
 
 
 if __name__ == "__main__":
