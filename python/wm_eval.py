@@ -109,7 +109,7 @@ def main(args) -> int:
     print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(
         f"k={k}: {agreement_text(a)}" for k, a in result["agreement_by_success_chunks"].items()))
     share = result["agreement"].get("grpo_signal_share")
-    if share is not None:  # what the agreement means for GRPO in the pair (wmrl.worldmodel.fidelity.signal_share)
+    if share is not None:  # what the agreement means for GRPO in the pair (wmrl.release.pair.signal_share)
         need = f"~{1 / share:.0f}x the rollouts a step for the simulator's signal-to-noise" if share else "no signal at all"
         print(f"[wm-eval] GRPO in this pair follows {share:.2f} of the simulator's signal per rollout "
               f"((2 x agreement - 1)^2): {need}")

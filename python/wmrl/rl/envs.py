@@ -394,7 +394,7 @@ class ImaginedEnv:
         the loop is the one that recorded them (GRPO's first step from the collecting checkpoint),
         the two should match: ``make wm-eval``'s agreement replays recorded actions, this lets the
         policy act on the imagined frames, as GRPO does. (H100, bench/RESULTS.md: a pair at
-        agreement 0.67 gave the policy 22% imagined success where those episodes had 63% real.)"""
+        agreement 0.67 gave the policy 25% imagined success where those episodes had 63% real.)"""
         counts: dict[str, list[int]] = {}
         for o in outcomes:
             chunk, real, policy = self.keyframe_sources.get(o.start, (None, None, ""))
