@@ -45,8 +45,16 @@ def test_frames_that_copy_the_real_ones_leave_no_gap_and_the_held_start_does(pai
     h1 = same["horizons"]["1"]
     assert h1["episodes"] == 3 and h1["action_gap_imagined"] == 0.0 and h1["gripper_agrees_imagined"] == 1.0
     assert h1["action_gap_held"] > 0 and h1["ratio"] == 0.0
+    assert h1["action_gap_imagined_main"] == h1["action_gap_imagined_wrist"] == h1["action_gap_imagined_proprio"] == 0.0
     untrained = action_gap(roll, episodes, runner, chunk_size=8)["horizons"]["1"]
-    assert untrained["action_gap_imagined"] > 0
+    assert untrained["action_gap_imagined"] > 0 and untrained["action_gap_imagined_main"] > 0
+    assert untrained["action_gap_imagined_wrist"] > 0
+    # only the wrist view imagined: the main-only and proprio-only inputs are the real ones, and
+    # the whole imagined input is the wrist-only one
+    wrist_only = {**copy, "imagined": {"main": roll["real"]["main"], "wrist": roll["imagined"]["wrist"]}}
+    w = action_gap(wrist_only, episodes, runner, chunk_size=8)["horizons"]["1"]
+    assert w["action_gap_imagined_main"] == w["action_gap_imagined_proprio"] == 0.0
+    assert w["action_gap_imagined"] == w["action_gap_imagined_wrist"] == untrained["action_gap_imagined_wrist"] > 0
     assert "| 1 | 3 |" in table(same)
 
 

@@ -14,12 +14,15 @@ action chunk three times with the same sampler noise:
 * on the **real** frames and proprio at that boundary (what it does in the simulator);
 * on the **imagined** ones (what it does in the pair, on the way the pair drew that moment);
 * on the **held** start (frames and proprio of chunk 0: "nothing moved", the bar that PSNR's
-  ``*_static`` is for frames).
+  ``*_static`` is for frames);
 
-Per horizon: the mean distance between the policy's actions on imagined and on real inputs (per
-control step, in the controller's units), the same for the held start, their ratio (below 1: the
-imagined frames tell the policy where it is better than the start frame does; near 1: the policy
-learns nothing from them), and how often the gripper command has the same sign.
+and, to say which world model costs the most, on the real inputs with one part imagined: the
+main view only, the wrist view only, the proprio only.
+
+Per horizon: the mean distance between the policy's actions on each kind of input and on the real
+ones (per control step, in the controller's units), the ratio of the imagined to the held start's
+(below 1: the imagined frames tell the policy where it is better than the start frame does; near
+1: the policy learns nothing from them), and how often the gripper command has the same sign.
 """
 
 from __future__ import annotations
@@ -31,20 +34,25 @@ import torch
 
 from wmrl.worldmodel.fidelity import HORIZONS
 
-INPUTS = ("real", "imagined", "held")
+# per kind of input, where each part of the observation comes from (the held start: the real chunk 0)
+INPUTS = {"real": {}, "imagined": {"main": "imagined", "wrist": "imagined", "proprio": "imagined"},
+          "held": {}, "imagined_main": {"main": "imagined"}, "imagined_wrist": {"wrist": "imagined"},
+          "imagined_proprio": {"proprio": "imagined"}}
 
 
 def observations(roll: dict, episodes: list, rows: list[int], t: int, inputs: str, chunk_size: int) -> list:
-    """The policy's observations at boundary ``t`` of episodes ``rows``: from the real or the
-    imagined frames and proprio, or ("held") the real start's. ``step`` and ``state`` are the same
-    for every kind of input, so the policy draws the same noise for all three."""
+    """The policy's observations at boundary ``t`` of episodes ``rows``, each part (main, wrist,
+    proprio) real or imagined as ``INPUTS[inputs]`` says; "held": the real start's. ``step`` and
+    ``state`` are the same for every kind of input, so the policy draws the same noise for all."""
     from wmrl.worldmodel.model import unit_to_images
 
-    source, at = ("real", 0) if inputs == "held" else (inputs, t)
-    image = lambda view, i: unit_to_images(roll[source][view][i, at][None].float())[0].cpu().numpy()  # noqa: E731
+    at = 0 if inputs == "held" else t
+    src = lambda part: INPUTS[inputs].get(part, "real")  # noqa: E731
+    image = lambda view, i: unit_to_images(roll[src(view)][view][i, at][None].float())[0].cpu().numpy()  # noqa: E731
     return [SimpleNamespace(main=image("main", i), wrist=image("wrist", i),
-                            proprio=roll["proprio"][source][i, at].cpu().numpy(), instruction=episodes[i].instruction,
-                            task_index=episodes[i].task, step=t * chunk_size, state=np.asarray([i], np.float64))
+                            proprio=roll["proprio"][src("proprio")][i, at].cpu().numpy(),
+                            instruction=episodes[i].instruction, task_index=episodes[i].task, step=t * chunk_size,
+                            state=np.asarray([i], np.float64))
             for i in rows]
 
 
@@ -60,10 +68,10 @@ def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HOR
         if not rows:
             continue
         acts = {k: np.asarray(runner.act(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
-        dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in ("imagined", "held")}
+        dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in INPUTS if k != "real"}
         grip = lambda k: float((np.sign(acts[k][..., -1]) == np.sign(acts["real"][..., -1])).mean())  # noqa: E731
         out["horizons"][str(h)] = {
-            "episodes": len(rows), "action_gap_imagined": round(dist["imagined"], 4), "action_gap_held": round(dist["held"], 4),
+            "episodes": len(rows), **{f"action_gap_{k}": round(d, 4) for k, d in dist.items()},
             "ratio": round(dist["imagined"] / dist["held"], 3) if dist["held"] > 0 else None,
             "gripper_agrees_imagined": round(grip("imagined"), 3), "gripper_agrees_held": round(grip("held"), 3)}
     return out
@@ -71,9 +79,11 @@ def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HOR
 
 def table(result: dict) -> str:
     """The result as a Markdown table, one row per horizon."""
-    lines = ["| chunks ahead | episodes | action gap, imagined | action gap, held start | ratio | gripper agrees, "
-             "imagined / held |", "|---|---|---|---|---|---|"]
+    lines = ["| chunks ahead | episodes | action gap: imagined | held start | ratio | main only | wrist only | "
+             "proprio only | gripper agrees, imagined / held |", "|---" * 9 + "|"]
     for h, r in result["horizons"].items():
         lines.append(f"| {h} | {r['episodes']} | {r['action_gap_imagined']} | {r['action_gap_held']} | {r['ratio']} | "
+                     f"{r['action_gap_imagined_main']} | {r['action_gap_imagined_wrist']} | "
+                     f"{r['action_gap_imagined_proprio']} | "
                      f"{r['gripper_agrees_imagined']:.0%} / {r['gripper_agrees_held']:.0%} |")
     return "\n".join(lines)
