@@ -522,6 +522,17 @@ def test_a_groups_rollouts_share_the_world_models_noise_unless_asked_otherwise(p
                     chunk_size=8, index_dir=None, world_noise="episode")
 
 
+def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_step_carries():
+    """0.67 -> (2 x 0.67 - 1)^2 = 0.11 of a real rollout's signal: 64 groups carry ~7, and ~576 would
+    match the 64 that made the simulator's first gains; a pair at chance carries none; unmeasured is said."""
+    at = lambda ba: grpo.pair_signal_text(Path("p"), {"balanced_accuracy": ba}, 64)  # noqa: E731
+    assert "0.11 of a real one's signal" in at(0.6667) and "~7 in the simulator" in at(0.6667)
+    assert "--groups 576 would match" in at(0.6667)
+    assert "--groups" not in at(1.0) and "~64 in the simulator" in at(1.0)
+    assert "0.00 of a real one's signal" in at(0.5) and "--groups" not in at(0.5)  # nothing to scale up
+    assert "unmeasured" in grpo.pair_signal_text(Path("p"), None, 64)
+
+
 def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episodes(run_with_pair):
     """ImaginedEnv.diagnostics: rollouts from the first keyframe of a recorded episode, per policy
     that recorded it: their imagined success beside the real outcome of those episodes (from the

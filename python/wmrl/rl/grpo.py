@@ -565,6 +565,30 @@ def train_step(learner: Learner, env, step: int) -> tuple[dict | None, list, tor
     return rec, outcomes, adv
 
 
+# groups of 8 a step that made GRPO's first measurable real gains in the simulator (bench/RESULTS.md, run 11)
+SIMULATOR_GROUPS = 64
+
+
+def pair_signal_text(pair: Path, agreement: dict | None, groups: int) -> str:
+    """What the pair's measured agreement means for a step of ``groups`` groups: the share of the
+    simulator's signal an imagined rollout carries, (2 x agreement - 1)^2 (measured on the CPU toy,
+    bench/grpo_snr.py --label-noise), and the groups a step would need for the signal-to-noise of
+    SIMULATOR_GROUPS groups in the simulator."""
+    from wmrl.release.pair import signal_share
+
+    point = (agreement or {}).get("balanced_accuracy")
+    if point is None:
+        return (f"[grpo] the agreement of {pair} with the simulator is unmeasured: GRPO in imagination gains only "
+                f"where the pair's reward agrees with the simulator (make wm-eval RUN=... measures it)")
+    share = signal_share(point)
+    text = (f"[grpo] the pair's agreement with the simulator, {point:.2f}, leaves an imagined rollout {share:.2f} of a "
+            f"real one's signal ((2 x agreement - 1)^2): a step of {groups} groups carries the signal of "
+            f"~{groups * share:.0f} in the simulator, where GRPO's first real gains took {SIMULATOR_GROUPS}")
+    if 0 < share and groups * share < SIMULATOR_GROUPS:
+        text += f"; --groups {math.ceil(SIMULATOR_GROUPS / share)} would match them (or a pair of higher agreement)"
+    return text
+
+
 def closed_loop_text(by_policy: dict, sft_ref: str | None) -> str:
     """``ImaginedEnv.diagnostics`` for a person: per policy that recorded the start episodes, the
     imagined success of this step's rollouts from their first keyframes beside their real success."""
@@ -656,9 +680,8 @@ def main(job: GRPOJob) -> dict:
                        index_dir=layout.grpo if main_rank else None, device=device, bf16=cfg.bf16,
                        success_chunks=cfg.success_chunks, world_noise=cfg.world_noise,
                        min_agreement=cfg.min_agreement))
-    if cfg.env == "wm" and env.agreement is None:
-        say(f"[grpo] the agreement of {env.pair.root} with the simulator is unmeasured: GRPO in imagination gains only "
-            f"where the pair's reward agrees with the simulator (make wm-eval RUN=... measures it)")
+    if cfg.env == "wm":
+        say(pair_signal_text(env.pair.root, env.agreement, cfg.groups))
     layout.grpo.mkdir(parents=True, exist_ok=True)
     # rank 0 evaluates, on its own pool of all the cores when the rollouts' pools are shares
     evaluator = Evaluator(job, env if world == 1 else None) if main_rank else None
