@@ -531,6 +531,8 @@ def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_ste
     assert "--groups" not in at(1.0) and "~64 in the simulator" in at(1.0)
     assert "0.00 of a real one's signal" in at(0.5) and "--groups" not in at(0.5)  # nothing to scale up
     assert "unmeasured" in grpo.pair_signal_text(Path("p"), None, 64)
+    one_outcome = grpo.pair_signal_text(Path("p"), {"balanced_accuracy": None, "episodes": 2}, 64)
+    assert "has no value: its 2 held-out episodes all had the same outcome" in one_outcome
 
 
 def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episodes(run_with_pair):
