@@ -532,7 +532,7 @@ def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_ste
     assert "0.00 of a real one's signal" in at(0.5) and "--groups" not in at(0.5)  # nothing to scale up
     assert "unmeasured" in grpo.pair_signal_text(Path("p"), None, 64)
     one_outcome = grpo.pair_signal_text(Path("p"), {"balanced_accuracy": None, "episodes": 2}, 64)
-    assert "has no value: its 2 held-out episodes all had the same outcome" in one_outcome
+    assert "has no value: the held-out episodes it was measured on (2) all had the same outcome" in one_outcome
 
 
 def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episodes(run_with_pair):

@@ -581,9 +581,9 @@ def pair_signal_text(pair: Path, agreement: dict | None, groups: int) -> str:
                 f"where the pair's reward agrees with the simulator (make wm-eval RUN=... measures it)")
     point = agreement.get("balanced_accuracy")
     if point is None:  # every held-out episode had the same outcome in the simulator
-        return (f"[grpo] the agreement of {pair} with the simulator has no value: its {agreement.get('episodes', '?')} "
-                f"held-out episodes all had the same outcome in the simulator (collect more, with successes and "
-                f"failures, and make wm-eval again)")
+        return (f"[grpo] the agreement of {pair} with the simulator has no value: the held-out episodes it was "
+                f"measured on ({agreement.get('episodes', '?')}) all had the same outcome in the simulator (collect "
+                f"more, with successes and failures, and make wm-eval again)")
     share = signal_share(point)
     text = (f"[grpo] the pair's agreement with the simulator, {point:.2f}, leaves an imagined rollout {share:.2f} of a "
             f"real one's signal ((2 x agreement - 1)^2): a step of {groups} groups carries the signal of "
