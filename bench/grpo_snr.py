@@ -214,23 +214,17 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(out, indent=2))
 
 
-def signal_and_noise(G) -> tuple[float, float]:
-    """Per-batch gradient estimates G (batches, params) -> (|mu|^2, one batch's noise): the mean
-    of g_i . g_j over pairs i != j estimates |mu|^2 without the bias |mean|^2 carries; the
-    mean |g_i|^2 less it is one batch's noise."""
-    import torch
-
-    gram = G @ G.T
-    off = gram[~torch.eye(len(G), dtype=torch.bool)]
-    signal = float(off.mean())
-    return signal, float(gram.diagonal().mean()) - signal
-
-
 def label_noise_rows(args, rates, sample, succeeded, log_prob, flat, params) -> list[dict]:
     """The same batches judged twice: by the simulator's labels and by a reward with the given
     (TPR, FPR) whose errors do not depend on the actions; the gradient's squared signal-to-noise
     under the noisy labels as a share of the clean one's, beside the prediction (TPR - FPR)^2."""
     import torch
+
+    from wmrl.rl.grpo import agreement  # |mu|^2 from g_i . g_j over pairs, one estimate's noise: GRPO's own log
+
+    def signal_and_noise(G) -> tuple[float, float]:
+        d = agreement(list(range(len(G))), G)
+        return d["grad_signal_sq"], d["grad_noise_group"]
 
     clean, noisy = [], {r: [] for r in rates}
     for _ in range(args.batches):
