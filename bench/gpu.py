@@ -8,7 +8,7 @@ returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
                                [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256]
-    python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1]
+    python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1] [TRIALS=10]
     python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
                                VARIANTS=0,3,1]   (the GRPO gradient's signal and noise: bench/grpo_signal.py)
     python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 ...
@@ -250,6 +250,7 @@ def phase_eval(v: dict, env: dict) -> None:
     args = ["--run", run, "--ckpt", ckpt, "--workers", v.get("WORKERS", str(os.cpu_count())), "--no-progress",
             *(["--sampler", v["SAMPLER"]] if "SAMPLER" in v else []),
             *(["--temperature", v["TEMPERATURE"]] if "TEMPERATURE" in v else []),
+            *(["--trials", v["TRIALS"]] if "TRIALS" in v else []),  # fewer than 50 per task: a throughput figure
             *(["--out", v["OUT_DIR"]] if "OUT_DIR" in v else []),
             # OVERWRITE=1 (evaluate.py's own advice when an evaluation exists): e.g. the same checkpoint with
             # another sampler into the default folder; OUT_DIR alone keeps its old meaning (a fresh folder)
