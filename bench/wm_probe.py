@@ -31,7 +31,10 @@ before the current one. A final ``^``
 (or ``--pose-maps``) turns on ``WorldModelConfig.pose_maps`` (main view): the end effector now
 and after the chunk drawn as two input channels. A final ``%P`` (or ``--action-dropout P``) trains
 with ``WorldModelConfig.action_dropout``; such a model is evaluated again at the end with action
-guidance at each of ``--guidance`` (its action response too).
+guidance at each of ``--guidance`` (its action response too). ``--main-at-end`` (wrist view) trains
+with ``WorldModelConfig.main_at_chunk_end``: the wrist model sees the main frame at the chunk's
+end instead of its start; here the real one, so its open loop is an upper bound (imagination feeds
+it the main model's frame).
 
 ``--ema BETA`` also keeps an exponential moving average of the weights (the decay ramps up as
 ``(1 + n) / (10 + n)`` until it reaches BETA) and evaluates it beside the raw weights at every
@@ -136,8 +139,8 @@ def open_loop(model, episodes, view: str, norm: dict, horizon: int, device, step
         ctx = history[-cfg.context:]
         ctx = [ctx[0]] * (cfg.context - len(ctx)) + ctx
         frames = torch.stack(ctx, 1)
-        if cfg.condition_on_main:
-            frames = torch.cat([frames, main[:, t, None]], 1)  # the real main view: a one-view probe
+        if cfg.condition_on_main:  # the real main view (a one-view probe), at the chunk's start or end
+            frames = torch.cat([frames, main[:, t + int(cfg.main_at_chunk_end), None]], 1)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=real.is_cuda):
             x, p = model.generate(frames, acts[:, t:t + cfg.action_chunks].flatten(1, 2), p, steps=steps, generator=g)
         history.append(x.float())  # generate clamps to [-1, 1]
@@ -202,10 +205,11 @@ def generation_rate(model, held: dict, batch: int, device, repeats: int = 5) -> 
     return batch * repeats / (time.perf_counter() - t0)
 
 
-def held_batch(va: Transitions, view: str, norm: dict, device, context: int) -> dict:
+def held_batch(va: Transitions, view: str, norm: dict, device, context: int, main_at_end: bool = False) -> dict:
     """Every held-out transition as one batch, with copy-last's PSNR and SSIM (the baseline one
     chunk ahead)."""
-    held = va.batch(torch.arange(va.size, device=device), view, view == "wrist", norm)
+    main = ("end" if main_at_end else "start") if view == "wrist" else None
+    held = va.batch(torch.arange(va.size, device=device), view, main, norm)
     held["copy_last"] = float(psnr(held["frames"][:, context - 1], held["target"]).mean())
     held["copy_last_ssim"] = float(ssim(held["frames"][:, context - 1], held["target"]).mean())
     return held
@@ -216,6 +220,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     returns its curve and the trained model."""
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist",
+                           main_at_chunk_end=a.main_at_end,
                            context=a.context, **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
@@ -226,7 +231,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
         + (f"&{cfg.action_history}" if cfg.action_history else "") + ("^" if cfg.pose_maps else "") \
-        + (f"%{cfg.action_dropout:g}" if cfg.action_dropout else "")
+        + (f"%{cfg.action_dropout:g}" if cfg.action_dropout else "") + (">" if cfg.main_at_chunk_end else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -238,7 +243,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         idx = torch.randint(0, tr.size, (a.batch,), device=a.device)
-        b = tr.batch(idx, a.view, cfg.condition_on_main, norm)
+        b = tr.batch(idx, a.view, cfg.main_condition, norm)
         if a.self_context:  # WMTrainConfig.self_context
             b = own_context(model, tr, idx, b, a.self_context, a.view, norm)
         step += 1
@@ -334,6 +339,9 @@ def main() -> None:
                    help="WorldModelConfig.motion_weight: extra loss weight of the pixels that move (0: off)")
     p.add_argument("--pose-maps", action="store_true",
                    help="WorldModelConfig.pose_maps for every --arch (main view; or '^' after one --arch)")
+    p.add_argument("--main-at-end", action="store_true",
+                   help="WorldModelConfig.main_at_chunk_end for every --arch (wrist view; its name ends in '>'): the "
+                        "main frame of the chunk's end as input, here the real one (imagination gives the main model's)")
     p.add_argument("--action-history", type=int, default=0,
                    help="WorldModelConfig.action_history of an --arch without &N: past chunks of actions it reads")
     p.add_argument("--action-dropout", type=float, default=0.0,
@@ -373,7 +381,7 @@ def main() -> None:
     history = max(arch["action_history"] for arch in archs)  # each model reads the tail it needs (own_actions)
     tr, va = Transitions(train, a.context, a.device, history), Transitions(val, a.context, a.device, history)
     norm = {k: v.to(a.device) for k, v in proprio_stats(tr).items()}
-    held = held_batch(va, a.view, norm, a.device, a.context)
+    held = held_batch(va, a.view, norm, a.device, a.context, a.main_at_end)
     print(f"{tr.size} training / {va.size} held-out transitions ({len(val)} episodes), {a.view} view, {a.size} px, "
           f"batch {a.batch}, lr {a.lr}, {a.device}", flush=True)
     results = []

@@ -40,6 +40,9 @@ def build(argv: list[str] | None = None):
                    help="both views' WorldModelConfig.action_dropout (train for action guidance; default: the profile's)")
     p.add_argument("--action-guidance", type=float,
                    help="both views' WorldModelConfig.action_guidance, saved with the models (needs --action-dropout)")
+    p.add_argument("--wrist-main-at-end", action="store_true", default=None,
+                   help="the wrist model sees the main view's frame at the chunk's end (imagined first in lockstep) "
+                        "instead of its start: WorldModelConfig.main_at_chunk_end (default: the profile's)")
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -58,7 +61,8 @@ def build(argv: list[str] | None = None):
     prof = get_profile(args.profile).wm
     # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
     actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
-    prof = dataclasses.replace(prof, main=override(prof.main, **actions), wrist=override(prof.wrist, **actions))
+    prof = dataclasses.replace(prof, main=override(prof.main, **actions),
+                               wrist=override(prof.wrist, **actions, main_at_chunk_end=args.wrist_main_at_end))
     train = cli.config_from_flags(args, prof.train)
     manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
@@ -106,6 +110,8 @@ def _passthrough(args) -> list[str]:
     for name in ("action_dropout", "action_guidance"):
         if getattr(args, name, None) is not None:
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if getattr(args, "wrist_main_at_end", None):
+        out.append("--wrist-main-at-end")
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
     if args.init_pair:

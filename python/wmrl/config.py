@@ -358,6 +358,12 @@ class WorldModelConfig:
     action_dim: int = ACTION_DIM
     proprio_dim: int = PROPRIO_DIM
     condition_on_main: bool = False  # wrist model: also see the main view's current frame
+    # ... or (with condition_on_main) the main view's frame at the chunk's *end*, which the main
+    # model imagines first in lockstep: it shows where the arm went, which the wrist camera rides
+    # on. Why: on the H200 the policy's actions moved with the imagined wrist view, not the main
+    # one (bench/RESULTS.md, "Which imagined view moves the policy"), and the wrist model reads its
+    # own actions weakly (+1.8 dB of action response against the main model's +4.3)
+    main_at_chunk_end: bool = False
     # U-Net widths per resolution level (after the patches below), one block each. The default,
     # on 4 x 4 patches with the refine head: 24.6 GFLOP per training sample at 128 px (the
     # unpatched (32, 64, 128, 256): 46.3; the former (64, 128, 256) x 2: 195), at least as good
@@ -442,6 +448,8 @@ class WorldModelConfig:
             raise ConfigError(f"world model view {self.view!r}: choose one of {', '.join(VIEWS)}")
         if self.condition_on_main and self.view != "wrist":
             raise ConfigError("condition_on_main is for the wrist model only (the main model is its own source)")
+        if self.main_at_chunk_end and not self.condition_on_main:
+            raise ConfigError("main_at_chunk_end says which main frame the wrist model sees: set condition_on_main too")
         if self.context < 1 or self.chunk_size < 1 or self.sample_steps < 1:
             raise ConfigError("world model: context, chunk_size and sample_steps must be >= 1")
         if self.patch < 1:
@@ -476,6 +484,12 @@ class WorldModelConfig:
     def input_frames(self) -> int:
         """Frames stacked as conditioning channels (history, plus main's for the wrist model)."""
         return self.context + int(self.condition_on_main)
+
+    @property
+    def main_condition(self) -> str | None:
+        """Which main-view frame conditions this model: None, "start" or "end" of the chunk
+        (``Transitions.batch``'s ``main`` argument)."""
+        return ("end" if self.main_at_chunk_end else "start") if self.condition_on_main else None
 
 
 @dataclass(frozen=True)

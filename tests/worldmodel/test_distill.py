@@ -217,6 +217,33 @@ def test_a_wrist_rollout_starts_its_chunks_on_the_imagined_main_frame(trajectori
     assert not torch.allclose(b["frames"][:, -1], data.batch(idx + 1, "wrist", True, wrist.proprio_stats)["frames"][:, -1])
 
 
+def test_a_wrist_model_that_sees_the_chunks_end_gets_the_main_frame_imagined_first(trajectories, tmp_path):
+    """main_at_chunk_end: each chunk's wrist frame is made on the main frame of that chunk's end,
+    which the main model imagines first (one main frame per chunk, the first one too)."""
+    from wmrl.config import override
+    from wmrl.worldmodel.data import Transitions, load_split
+    from wmrl.worldmodel.distill import main_frames_imagined, rollout, rollout_starts
+
+    run = teacher_run(tmp_path / "run", trajectories)
+    _, train, _ = load_split(RunLayout(run).manifest, TINY.main.chunk_size)
+    wrist = FrameWorldModel.from_pretrained(RunLayout(run).wm_view("wrist") / "global_step_4")
+    main_model = FrameWorldModel.from_pretrained(RunLayout(run).wm_view("main") / "global_step_4")
+    assert main_frames_imagined(wrist.cfg, 2) == 1
+    wrist.cfg = override(wrist.cfg, main_at_chunk_end=True)  # same weights' shapes: one main frame either way
+    assert main_frames_imagined(wrist.cfg, 2) == 2
+    data = Transitions(train, wrist.cfg.context, "cpu", wrist.cfg.action_history)
+    idx, stats, steps = rollout_starts(data, 3)[:3], main_model.proprio_stats, main_model.cfg.sample_steps
+    noises, main_noises = torch.randn((2, 2, 3, 3, 64, 64), generator=torch.Generator().manual_seed(0))
+    _, b = rollout(wrist, data, idx, "wrist", wrist.proprio_stats, noises, 2, torch.device("cpu"),
+                   main_model=main_model, main_noises=main_noises)
+    first, second = data.batch(idx, "main", None, stats), data.batch(idx + 1, "main", None, stats)
+    m0 = main_model.sample(main_noises[0], first["frames"], first["actions"], first["proprio"], steps).clamp(-1, 1)
+    history = torch.stack((list(first["frames"].unbind(1)) + [m0])[-main_model.cfg.context:], 1)
+    m1 = main_model.sample(main_noises[1], history, second["actions"], second["proprio"], steps).clamp(-1, 1)
+    torch.testing.assert_close(b["frames"][:, -1], m1)  # the second chunk's end, not its start (m0)
+    assert not torch.allclose(m0, m1)
+
+
 def test_stage3_bad_settings_are_refused(trajectories, tmp_path):
     from wmrl.config import ConfigError, DistillConfig
 

@@ -422,6 +422,46 @@ def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_im
         override(TINY.main, action_history=-1)
 
 
+def test_a_wrist_model_can_see_the_main_frame_of_the_chunks_end_in_training_and_imagination(trajectories):
+    """main_at_chunk_end: training gives the wrist model the real main frame at the chunk's end
+    (the transition's next frame) instead of its start; imagination gives it the main frame it
+    has just imagined for the same chunk. It needs condition_on_main."""
+    from wmrl.config import ConfigError, override
+    from wmrl.worldmodel.imagine import Imagination
+    from wmrl.worldmodel.model import images_to_unit
+
+    episodes = _episodes(trajectories[0], "new")[:2]
+    t = Transitions(episodes, context=2, action_history=TINY.wrist.action_history)
+    stats, idx = proprio_stats(t), torch.arange(4)
+    end_cfg = override(TINY.wrist, main_at_chunk_end=True)
+    assert (TINY.main.main_condition, TINY.wrist.main_condition, end_cfg.main_condition) == (None, "start", "end")
+    start, end = (t.batch(idx, "wrist", m, stats)["frames"][:, -1] for m in ("start", "end"))
+    torch.testing.assert_close(start, images_to_unit(t.main[t.context[idx, -1]]))
+    torch.testing.assert_close(end, images_to_unit(t.main[t.next[idx]]))
+    torch.testing.assert_close(t.batch(idx, "wrist", True, stats)["frames"], t.batch(idx, "wrist", "start", stats)["frames"])
+    with pytest.raises(ValueError, match="'start' or 'end'"):
+        t.batch(idx, "wrist", "later", stats)
+    with pytest.raises(ConfigError, match="set condition_on_main too"):
+        override(TINY.main, main_at_chunk_end=True)
+
+    torch.manual_seed(0)
+    main, wrist = FrameWorldModel(TINY.main), FrameWorldModel(end_cfg)
+    for m in (main, wrist):
+        m.set_proprio_stats(stats)
+        m.eval()
+    seen, generate = [], wrist.generate
+    wrist.generate = lambda frames, *a, **k: (seen.append(frames[:, -1].clone()), generate(frames, *a, **k))[1]
+    world = Imagination(main, wrist)
+    real = {v: torch.stack([_unit(getattr(e, v)[:1]) for e in episodes]) for v in ("main", "wrist")}
+    world.start(real["main"], real["wrist"], torch.stack([torch.from_numpy(e.proprio[0]) for e in episodes]))
+    imagined_main, _, _ = world.step(torch.stack([torch.from_numpy(e.actions[0]) for e in episodes]),
+                                     generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(seen[0], imagined_main)  # the chunk's end, just imagined
+    assert not torch.allclose(seen[0], real["main"][:, 0])
+    loss, _ = wrist.loss(**t.batch(idx, "wrist", "end", stats))
+    assert torch.isfinite(loss)
+
+
 def test_keep_drops_ended_rollouts_and_the_others_continue_unchanged(trajectories):
     """Imagination.keep narrows the batch (GRPO drops rollouts that succeeded): the rollouts kept
     get the frames, proprio and action history they would have got in the full batch."""
@@ -1093,6 +1133,11 @@ def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
     assert "--action-dropout" not in out  # the profile's unless given
     guided = script._passthrough(argparse.Namespace(**vars(args), action_dropout=0.1, action_guidance=2.0))
     assert guided[guided.index("--action-dropout") + 1] == "0.1" and guided[guided.index("--action-guidance") + 1] == "2.0"
+    assert "--wrist-main-at-end" in script._passthrough(argparse.Namespace(**vars(args), wrist_main_at_end=True))
+    (tmp_path / "manifest.json").write_text("{}")
+    for flags, end in (([], False), (["--wrist-main-at-end"], True)):
+        _, prof, _, _ = script.build(["--profile", "tiny", "--run", str(tmp_path), "--view", "wrist", *flags])
+        assert prof.wrist.main_at_chunk_end is end and prof.main.main_condition is None
 
 
 def test_control_rollouts_are_failures_of_the_full_horizon():

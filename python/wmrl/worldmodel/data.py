@@ -189,17 +189,23 @@ class Transitions:
     def size(self) -> int:
         return int(self.next.shape[0])
 
-    def batch(self, idx, view: str, condition_on_main: bool, norm) -> dict:
-        """Model inputs for transitions ``idx``: frames in [-1, 1], normalised proprio."""
+    def batch(self, idx, view: str, main: str | bool | None, norm) -> dict:
+        """Model inputs for transitions ``idx``: frames in [-1, 1], normalised proprio. ``main``
+        (``WorldModelConfig.main_condition``): which main-view frame follows the view's own
+        history, the chunk's "start" (or True) or its "end"; None (or False): none."""
         import torch
 
         from wmrl.worldmodel.model import images_to_unit
 
+        main = {False: None, True: "start"}.get(main, main) if isinstance(main, bool) else main
+        if main not in (None, "start", "end"):
+            raise ValueError(f"main={main!r}: None, 'start' or 'end' (WorldModelConfig.main_condition)")
         images = self.main if view == "main" else self.wrist
         ctx = self.context[idx]
         frames = images_to_unit(images[ctx])  # (B, context, 3, H, W)
-        if condition_on_main:
-            frames = torch.cat([frames, images_to_unit(self.main[ctx[:, -1]])[:, None]], dim=1)
+        if main:
+            row = self.next[idx] if main == "end" else ctx[:, -1]
+            frames = torch.cat([frames, images_to_unit(self.main[row])[:, None]], dim=1)
         p = (self.proprio - norm["mean"]) / norm["std"]
         return {"frames": frames, "target": images_to_unit(images[self.next[idx]]), "actions": self.actions_of(idx),
                 "proprio": p[ctx[:, -1]], "next_proprio": p[self.next[idx]]}

@@ -141,7 +141,7 @@ def distill_view(job: DistillJob, view: str, teacher_info: dict, train, device,
     while step < cfg.steps:
         step += 1
         idx, noise = _draw(cfg, step, VIEWS.index(view), train.size, shape)
-        b = train.batch(idx.to(device), view, student_cfg.condition_on_main, norm)
+        b = train.batch(idx.to(device), view, student_cfg.main_condition, norm)
         noise = noise.to(device)
         with torch.no_grad(), _autocast(device):
             target = teacher.sample(noise, b["frames"], b["actions"], b["proprio"], teacher.cfg.sample_steps)
@@ -173,32 +173,46 @@ def rollout(model, data, idx, view: str, norm: dict, noises, steps: int, device,
             main_model=None, main_noises=None):
     """The model's own rollout of ``len(noises)`` chunks from transitions ``idx``: the real
     history at the start, then each chunk on the frames it generated before (real actions and
-    proprio). A wrist model sees the main view's frame of each chunk's start: the real one, or
-    with ``main_model`` that model's own, imagined in lockstep from the real start (its sampler,
-    ``main_noises``), as imagination gives it. Returns the last frame (with gradients through
-    its sampler when ``grad``) and the batch that conditioned it."""
+    proprio). A wrist model sees the main view's frame of each chunk's start (or, with
+    ``main_at_chunk_end``, its end): the real one, or with ``main_model`` that model's own,
+    imagined in lockstep from the real start (its sampler, ``main_noises``: one per main frame
+    imagined, ``main_frames_imagined``), as imagination gives it. Returns the last frame (with
+    gradients through its sampler when ``grad``) and the batch that conditioned it."""
     cfg, hist, main_hist = model.cfg, None, None
     imagined_main = cfg.condition_on_main and main_model is not None
     for j, noise in enumerate(noises):
-        b = data.batch(idx + j, view, cfg.condition_on_main, norm)
+        b = data.batch(idx + j, view, cfg.main_condition, norm)
         hist = list(b["frames"][:, :cfg.context].unbind(1)) if hist is None else hist
         frames = torch.stack(hist[-cfg.context:], 1)
+        last = j == len(noises) - 1
         if imagined_main:
-            mb = data.batch(idx + j, "main", False, main_model.proprio_stats)
+            mb = data.batch(idx + j, "main", None, main_model.proprio_stats)
             main_hist = list(mb["frames"].unbind(1)) if main_hist is None else main_hist
+            if cfg.main_at_chunk_end:  # the main model imagines this chunk's end first
+                main_hist.append(_main_frame(main_model, main_noises[j], main_hist, mb, device))
             frames = torch.cat([frames, main_hist[-1][:, None]], 1)
         elif cfg.condition_on_main:
             frames = torch.cat([frames, b["frames"][:, cfg.context:]], 1)
-        last = j == len(noises) - 1
         with torch.set_grad_enabled(grad and last), _autocast(device):
             x = model.sample(noise.to(device), frames, b["actions"], b["proprio"], steps).float()
         hist.append(x.clamp(-1, 1))
-        if imagined_main and not last:  # the main frame the next chunk starts on
-            with torch.no_grad(), _autocast(device):
-                m = main_model.sample(main_noises[j].to(device), torch.stack(main_hist[-main_model.cfg.context:], 1),
-                                      mb["actions"], mb["proprio"], main_model.cfg.sample_steps).float()
-            main_hist.append(m.clamp(-1, 1))
+        if imagined_main and not cfg.main_at_chunk_end and not last:  # the main frame the next chunk starts on
+            main_hist.append(_main_frame(main_model, main_noises[j], main_hist, mb, device))
     return x, {**b, "frames": frames}
+
+
+def main_frames_imagined(cfg, chunks: int) -> int:
+    """Main-view frames a wrist rollout of ``chunks`` imagines beside it (noises to draw): every
+    chunk's end, or (the main frame of each chunk's start) all but the last one's."""
+    return chunks if cfg.main_at_chunk_end else chunks - 1
+
+
+def _main_frame(main_model, noise, main_hist: list, mb: dict, device) -> torch.Tensor:
+    """The main model's next frame from its own history ``main_hist`` (no gradients)."""
+    with torch.no_grad(), _autocast(device):
+        m = main_model.sample(noise.to(device), torch.stack(main_hist[-main_model.cfg.context:], 1),
+                              mb["actions"], mb["proprio"], main_model.cfg.sample_steps).float()
+    return m.clamp(-1, 1)
 
 
 def main_teacher(job: DistillJob, device):
@@ -267,7 +281,8 @@ def self_forcing(job: DistillJob, view: str, student, teacher, opt, train, devic
         idx = starts[torch.randint(len(starts), (cfg.batch,), generator=g).to(starts.device)]
         noises = torch.randn((cfg.rollout_chunks, cfg.batch, *shape), generator=g)
         main_noises = None if main_model is None else torch.randn(
-            (cfg.rollout_chunks - 1, cfg.batch, 3, main_model.cfg.image_size, main_model.cfg.image_size), generator=g)
+            (main_frames_imagined(student.cfg, cfg.rollout_chunks), cfg.batch, 3, main_model.cfg.image_size,
+             main_model.cfg.image_size), generator=g)
         i = step - cfg.steps - cfg.critic_warmup  # the warm-up's iterations are the critic's alone
         update_student = i > 0 and i % cfg.student_every == 0
         x, b = rollout(student, train, idx, view, norm, noises, cfg.student_steps, device, grad=update_student,
@@ -320,7 +335,7 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1, m
     from wmrl.worldmodel.fidelity import psnr, ssim
 
     idx = torch.arange(min(n, val.size), device=device)
-    b = val.batch(idx, view, student.cfg.condition_on_main, teacher.proprio_stats)
+    b = val.batch(idx, view, student.cfg.main_condition, teacher.proprio_stats)
     noise = torch.randn(b["target"].shape, generator=torch.Generator().manual_seed(0)).to(device)
     out = {"transitions": int(len(idx))}
     frames = {}
@@ -346,8 +361,9 @@ def compare(student, teacher, val, view: str, n: int, device, chunks: int = 1, m
     if chunks > 1 and len(starts):  # where imagination lives: on the model's own frames
         g = torch.Generator().manual_seed(1)
         noises = torch.randn((chunks, len(starts), *b["target"].shape[1:]), generator=g)
-        main_noises = torch.randn((chunks - 1, len(starts), *b["target"].shape[1:]), generator=g)
-        real = val.batch(starts + chunks - 1, view, False, teacher.proprio_stats)["target"]
+        main_noises = torch.randn((main_frames_imagined(student.cfg, chunks), len(starts), *b["target"].shape[1:]),
+                                  generator=g)
+        real = val.batch(starts + chunks - 1, view, None, teacher.proprio_stats)["target"]
         out["open_loop"] = {"chunks": chunks, "rollouts": int(len(starts)),
                             "main_frames": "real" if main_model is None or view == "main" else "imagined"}
         for name, model in (("student", student), ("teacher", teacher)):

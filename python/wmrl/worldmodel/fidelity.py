@@ -270,7 +270,7 @@ def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = T
     pixels = pixels_moving = 0
     for i in range(0, s, batch):
         idx = torch.arange(i, min(i + batch, s))
-        b = {k: v.to(device) for k, v in t.batch(idx, model.cfg.view, model.cfg.condition_on_main, norm).items()}
+        b = {k: v.to(device) for k, v in t.batch(idx, model.cfg.view, model.cfg.main_condition, norm).items()}
         target = b["target"].float()
         noise = torch.randn(target.shape, generator=g).to(device)
         guesses = {"held": model.current_frame(b["frames"]).float()}

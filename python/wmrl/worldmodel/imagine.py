@@ -4,8 +4,9 @@ One step takes a batch of action chunks and returns, for every rollout, the imag
 and wrist frames at the end of the chunk and the proprio there. Each model keeps the history
 of its own view (``context`` frames, one chunk apart; before the start the first frame
 repeats, as in training); the wrist model also sees the main view's frame of the chunk's
-start, the moment of its own latest frame, as ``Transitions.batch`` trains it (not the main
-frame just imagined, one chunk later). Both models predict the next proprio from the same raw
+start, the moment of its own latest frame, as ``Transitions.batch`` trains it; or, with
+``main_at_chunk_end``, the main frame just imagined, one chunk later (the main model steps
+first for that). Both models predict the next proprio from the same raw
 proprio (each in its own normalisation); the step's proprio is the mean of the two. A model
 with ``action_history`` also reads the chunks stepped before (at the start: those given to
 ``start``, else zeros, an episode's first chunk). ``keep`` drops rollouts that have ended.
@@ -69,8 +70,9 @@ class Imagination:
         for view in ("main", "wrist"):
             model = self.models[view]
             x = self._context(view)
-            if model.cfg.condition_on_main:  # the main frame of the chunk's start, as in training
-                x = torch.cat([x, self.history["main"][-1][:, None]], dim=1)
+            if model.cfg.condition_on_main:  # the main frame of the chunk's start or (just imagined) end, as in training
+                main = frames["main"] if model.cfg.main_at_chunk_end else self.history["main"][-1]
+                x = torch.cat([x, main[:, None]], dim=1)
             frame, p = model.generate(x, self._actions(view, actions), model.normalize_proprio(self.proprio),
                                       generator=generator,
                                       noise=None if noise is None else noise[view])

@@ -161,7 +161,7 @@ def own_context(model, data, idx: torch.Tensor, batch: dict, fraction: float, vi
     rows = torch.nonzero((prev >= 0) & (torch.rand(idx.shape, device=idx.device) < fraction)).flatten()
     if not len(rows):
         return batch
-    pb = data.batch(prev[rows], view, model.cfg.condition_on_main, norm)
+    pb = data.batch(prev[rows], view, model.cfg.main_condition, norm)
     from wmrl.worldmodel.model import own_actions
 
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=pb["frames"].is_cuda):
@@ -312,7 +312,7 @@ def train_step(S: WMState) -> tuple[torch.Tensor, dict]:
     parts = {}
     for _ in range(E.gradient_accumulation_steps()):
         idx = S.sampler.next(E.train_micro_batch_size_per_gpu()).to(S.device)
-        b = S.train.batch(idx, job.view, job.model.condition_on_main, S.stats)
+        b = S.train.batch(idx, job.view, job.model.main_condition, S.stats)
         if job.train.self_context > 0:
             b = own_context(E.module.model, S.train, idx, b, job.train.self_context, job.view, S.stats)
         loss, parts = E(**b)
@@ -334,7 +334,7 @@ def validate(S: WMState) -> float | None:
         torch.manual_seed(54321)
         for _ in range(t.val_batches):
             idx = torch.randint(S.val.size, (t.micro_batch,), generator=g).to(S.device)
-            b = S.val.batch(idx, S.job.view, S.job.model.condition_on_main, S.stats)
+            b = S.val.batch(idx, S.job.view, S.job.model.main_condition, S.stats)
             losses.append(float(S.engine(**b)[0]))
     S.engine.train()
     return sum(losses) / len(losses)
