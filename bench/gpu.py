@@ -14,6 +14,7 @@ returns only a few files).
     python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 ...
                                (a carried policy instead of learn: carry .offline/policy; bench/policy_pack.py)
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
+                               PAIRS="RUN/model_pair RUN/model_pair_students": one run per pair and seed, at once
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
@@ -261,19 +262,27 @@ def phase_eval(v: dict, env: dict) -> None:
 
 def phase_grpo(v: dict, env: dict) -> None:
     """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores;
-    NPROC=2: each run on two GPUs (GPUS=0,1; one seed), its groups' rollouts split between them."""
+    NPROC=2: each run on two GPUs (GPUS=0,1; one seed), its groups' rollouts split between them.
+    PAIRS="runs/h200/model_pair runs/h200/model_pair_students": one run per pair and seed, all at
+    once (GRPO_RUN/<pair's folder name>_seedS), e.g. teachers against their students on one GPU."""
     seeds = v.get("SEEDS", "0").split(",")
+    pairs = v["PAIRS"].split() if "PAIRS" in v else [v.get("PAIR")]
+    if len(pairs) > 1 and v.get("PACK_BACK"):
+        sys.exit("error: PACK_BACK brings back one pair's runs: give PAIR=... instead of PAIRS")
     gpus = v.get("GPUS", "0").split(",")
     nproc = int(v.get("NPROC", "1"))
-    per = int(v.get("WORKERS_PER_RUN", max(1, (os.cpu_count() or 2) // len(seeds))))
+    runs = [(s, pair) for pair in pairs for s in seeds]
+    per = int(v.get("WORKERS_PER_RUN", max(1, (os.cpu_count() or 2) // len(runs))))
     root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
     procs = []
-    for i, s in enumerate(seeds):
-        args = ["--run-dir", root / f"seed{s}", "--from-run", v.get("FROM", v.get("RUN", "runs/h200")),
-                "--target", v.get("TARGET", "20"), "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim")]
+    for i, (s, pair) in enumerate(runs):
+        name = f"seed{s}" if len(pairs) == 1 else f"{Path(pair).name}_seed{s}"
+        args = ["--run-dir", root / name, "--from-run", v.get("FROM", v.get("RUN", "runs/h200")),
+                "--target", v.get("TARGET", "20"), "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim"),
+                *(["--pair", pair] if pair else [])]
         if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
             args.append("--no-eval-first")
-        for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--pair", "PAIR"), ("--lr", "LR"), ("--groups", "GROUPS"),
+        for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--lr", "LR"), ("--groups", "GROUPS"),
                           ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
                           ("--eval-trials", "EVAL_TRIALS"), ("--final-trials", "FINAL_TRIALS"),
                           ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
@@ -285,7 +294,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                 args += [flag, v[key]]
         args += shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option
         devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]
-        procs.append(stage(f"grpo{v.get('TAG', '')}_seed{s}", "grpo.py", args, env, background=True,
+        procs.append(stage(f"grpo{v.get('TAG', '')}_{name}", "grpo.py", args, env, background=True,
                            extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc))
     for p in procs:
         finish(*p)
