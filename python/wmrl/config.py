@@ -360,9 +360,9 @@ class WorldModelConfig:
     condition_on_main: bool = False  # wrist model: also see the main view's current frame
     # ... or (with condition_on_main) the main view's frame at the chunk's *end*, which the main
     # model imagines first in lockstep: it shows where the arm went, which the wrist camera rides
-    # on. Why: on the H200 the policy's actions moved with the imagined wrist view, not the main
-    # one (bench/RESULTS.md, "Which imagined view moves the policy"), and the wrist model reads its
-    # own actions weakly (+1.8 dB of action response against the main model's +4.3)
+    # on. Tried because the policy acts on the imagined wrist view, not the main one (bench/RESULTS.md,
+    # "Which imagined view moves the policy"); off because on the CPU it bought +0.05 to +0.32 dB
+    # with the real main frame, an upper bound (two seeds; "The wrist model on the main frame ...")
     main_at_chunk_end: bool = False
     # U-Net widths per resolution level (after the patches below), one block each. The default,
     # on 4 x 4 patches with the refine head: 24.6 GFLOP per training sample at 128 px (the
