@@ -35,8 +35,8 @@ from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
 def held_baseline(val, view: str, starts, chunks: int, norm: dict) -> dict:
     """Holding the start frame: PSNR / SSIM of the rollouts' first frame against the real
     frame ``chunks`` chunks later (one chunk: copy-last)."""
-    first = val.batch(starts, view, False, norm)
-    real = val.batch(starts + chunks - 1, view, False, norm)["target"]
+    first = val.batch(starts, view, None, norm)
+    real = val.batch(starts + chunks - 1, view, None, norm)["target"]
     now = first["frames"][:, -1]
     return {"psnr": round(float(psnr(now, real).mean()), 2), "ssim": round(float(ssim(now, real).mean()), 4)}
 

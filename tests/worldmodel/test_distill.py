@@ -187,10 +187,10 @@ def test_a_rollout_feeds_the_model_its_own_frames(trajectories, tmp_path):
     idx, norm = starts[:3], model.proprio_stats
     noises = torch.randn((2, 3, 3, 64, 64), generator=torch.Generator().manual_seed(0))
     last, b = rollout(model, data, idx, "wrist", norm, noises, 2, torch.device("cpu"))
-    first = data.batch(idx, "wrist", True, norm)
+    first = data.batch(idx, "wrist", "start", norm)
     x0 = model.sample(noises[0], first["frames"], first["actions"], first["proprio"], 2).clamp(-1, 1)
     torch.testing.assert_close(model.current_frame(b["frames"]), x0)  # the second chunk starts on the first's frame
-    second = data.batch(idx + 1, "wrist", True, norm)
+    second = data.batch(idx + 1, "wrist", "start", norm)
     torch.testing.assert_close(b["frames"][:, -1], second["frames"][:, -1])  # and on the real main frame
     torch.testing.assert_close(last, model.sample(noises[1], b["frames"], second["actions"], second["proprio"], 2))
 
@@ -210,11 +210,11 @@ def test_a_wrist_rollout_starts_its_chunks_on_the_imagined_main_frame(trajectori
     noises, main_noises = torch.randn((2, 2, 3, 3, 64, 64), generator=torch.Generator().manual_seed(0))
     _, b = rollout(wrist, data, idx, "wrist", wrist.proprio_stats, noises, 2, torch.device("cpu"),
                    main_model=main_model, main_noises=main_noises[:1])
-    first = data.batch(idx, "main", False, main_model.proprio_stats)
+    first = data.batch(idx, "main", None, main_model.proprio_stats)
     m0 = main_model.sample(main_noises[0], first["frames"], first["actions"], first["proprio"],
                            main_model.cfg.sample_steps).clamp(-1, 1)
     torch.testing.assert_close(b["frames"][:, -1], m0)
-    assert not torch.allclose(b["frames"][:, -1], data.batch(idx + 1, "wrist", True, wrist.proprio_stats)["frames"][:, -1])
+    assert not torch.allclose(b["frames"][:, -1], data.batch(idx + 1, "wrist", "start", wrist.proprio_stats)["frames"][:, -1])
 
 
 def test_a_wrist_model_that_sees_the_chunks_end_gets_the_main_frame_imagined_first(trajectories, tmp_path):

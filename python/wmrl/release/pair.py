@@ -132,7 +132,7 @@ def keyframe_tensors(chosen: list[tuple[object, int]], context: int, action_hist
     # the source episode's outcome in the simulator and the policy that recorded it: what imagined
     # rollouts from its first keyframe by that same policy should reach (ImaginedEnv.diagnostics)
     info = {"keyframes": [{"episode": e.key, "file_sha256": e.file_sha256, "chunk": k, "task": e.task,
-                           "source": e.source, "episode_success": bool(e.success.any()) if e.outcome is None else e.outcome,
+                           "source": e.source, "episode_success": e.succeeded,
                            "episode_policy": e.policy} for e, k in chosen],
             "episodes": sorted({e.key for e, _ in chosen}), "context": context,
             **({"action_history": action_history} if action_history else {}),

@@ -58,6 +58,12 @@ class Episode:
     outcome: bool | None = None
     policy: str = ""  # the ``policy_id`` that recorded it (e.g. flow-policy@step4000-sde-K10-T1)
 
+    @property
+    def succeeded(self) -> bool:
+        """The simulator's success-once: ``outcome`` where recorded, else whether a frame is labelled
+        success. The truth that agreement with the simulator is scored against."""
+        return bool(self.success.any()) if self.outcome is None else bool(self.outcome)
+
 
 def _frames(dataset, idx: np.ndarray) -> np.ndarray:
     """Rows ``idx`` of an HDF5 image dataset, one read each (h5py's fancy indexing is several
@@ -189,15 +195,14 @@ class Transitions:
     def size(self) -> int:
         return int(self.next.shape[0])
 
-    def batch(self, idx, view: str, main: str | bool | None, norm) -> dict:
+    def batch(self, idx, view: str, main: str | None, norm) -> dict:
         """Model inputs for transitions ``idx``: frames in [-1, 1], normalised proprio. ``main``
         (``WorldModelConfig.main_condition``): which main-view frame follows the view's own
-        history, the chunk's "start" (or True) or its "end"; None (or False): none."""
+        history, the chunk's "start" or its "end"; None: none."""
         import torch
 
         from wmrl.worldmodel.model import images_to_unit
 
-        main = {False: None, True: "start"}.get(main, main) if isinstance(main, bool) else main
         if main not in (None, "start", "end"):
             raise ValueError(f"main={main!r}: None, 'start' or 'end' (WorldModelConfig.main_condition)")
         images = self.main if view == "main" else self.wrist

@@ -89,7 +89,7 @@ def episode_frames(episodes, views: tuple[str, ...]) -> tuple[torch.Tensor, torc
 def simulator_outcomes(episodes) -> torch.Tensor:
     """Per episode, the simulator's success-once (``Episode.outcome``; where unknown, whether a
     frame is labelled success): the truth that agreement with the simulator is scored against."""
-    return torch.tensor([bool(e.success.any()) if e.outcome is None else e.outcome for e in episodes], dtype=torch.bool)
+    return torch.tensor([e.succeeded for e in episodes], dtype=torch.bool)
 
 
 def episode_index(episodes) -> torch.Tensor:
