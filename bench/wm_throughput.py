@@ -73,7 +73,7 @@ def flops_per_sample(model, cfg, device) -> float:
     return fc.get_total_flops() / 2
 
 
-VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile")
+VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc")
 
 
 def bench_training(prof, args, device, variant: str = "eager") -> dict:
@@ -88,9 +88,10 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
     on_gpu = device.type == "cuda"
     cfg = prof.main
     options = set(variant.split("+")) - {"eager"}
-    if options - {"channels_last", "compile"}:
+    if options - {"channels_last", "compile", "nhwc"} or ("nhwc" in options and "compile" not in options):
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     t = override(prof.train, channels_last="channels_last" in options, compile="compile" in options,
+                 compile_nhwc="nhwc" in options,
                  **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
     torch.manual_seed(0)
     model = FrameWorldModel(cfg).to(device)

@@ -534,6 +534,11 @@ class WMTrainConfig:
     channels_last: bool = False
     # torch.compile of the loss (speed only); the first updates compile, ~1 min
     compile: bool = False
+    # with compile: inductor lays the convolutions' activations out NHWC itself (its layout
+    # optimization, which its heuristic skips for a U-Net: the decoder's convolutions over
+    # concatenated skips halve the channels). Speed only; off until bench/wm_throughput.py's
+    # compile+nhwc variant shows the gain on a GPU
+    compile_nhwc: bool = False
     ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
     ds_config_gpu: str = "data/worldmodel/ds_gpu.json"
 
@@ -543,6 +548,9 @@ class WMTrainConfig:
                 raise ConfigError(f"world-model training: {name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.warmup < 0 or self.val_batches < 0:
             raise ConfigError("world-model training: lr > 0, warmup >= 0 and val_batches >= 0")
+        if self.compile_nhwc and not self.compile:
+            raise ConfigError("world-model training: compile_nhwc acts through torch.compile: add --compile "
+                              "(make wm-update WM_ARGS='--compile --compile-nhwc')")
         if not 0 <= self.self_context <= 1:
             raise ConfigError(f"world-model training: self_context={self.self_context} is a fraction of the batch, 0..1")
 

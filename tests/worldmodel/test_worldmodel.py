@@ -142,11 +142,27 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
     b = t.batch(torch.arange(4), "main", None, proprio_stats(t))
     eager, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
     keys = list(model.state_dict())
-    objective = speed_up(Objective(model, 1.0), override(TINY.train, channels_last=True, compile=True))
-    assert model.channels_last and list(objective.model.state_dict()) == keys
-    nhwc, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(nhwc, eager, atol=1e-4, rtol=1e-4)
-    assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
+    import torch._inductor.config as inductor
+
+    try:
+        objective = speed_up(Objective(model, 1.0), override(TINY.train, channels_last=True, compile=True,
+                                                             compile_nhwc=True))
+        assert inductor.force_layout_optimization  # compile_nhwc: inductor's own NHWC choice, forced on
+        assert model.channels_last and list(objective.model.state_dict()) == keys
+        nhwc, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(nhwc, eager, atol=1e-4, rtol=1e-4)
+        assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
+        speed_up(Objective(FrameWorldModel(cfg), 1.0), override(TINY.train, compile=True))
+        assert not inductor.force_layout_optimization  # one process's earlier choice does not carry over
+    finally:
+        inductor.force_layout_optimization = False
+
+
+def test_compile_nhwc_without_compile_is_refused_with_the_fix():
+    from wmrl.config import ConfigError, override
+
+    with pytest.raises(ConfigError, match="add --compile"):
+        override(TINY.train, compile_nhwc=True)
 
 
 def test_own_context_puts_the_models_prediction_where_imagination_would(trajectories):

@@ -178,6 +178,11 @@ def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
     if t.channels_last:
         objective.model.use_channels_last()
     if t.compile:
+        import torch._inductor.config as inductor
+
+        # read when the first update compiles; set either way, so one process's earlier choice
+        # does not carry over (bench/wm_throughput.py compiles several variants in one process)
+        inductor.force_layout_optimization = t.compile_nhwc
         objective.compile()
     return objective
 
