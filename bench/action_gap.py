@@ -35,6 +35,8 @@ def main(argv=None) -> dict:
     p.add_argument("--horizon", type=int, default=20, help="chunks to imagine (the horizons 1, 5, 10, 20 within it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--guidance", default="", help="imagine at each of these action-guidance scales, e.g. 1,2 (a pair "
+                                                  "trained with --action-dropout; default: the pair's own)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     pair_dir = Path(a.pair or RunLayout(a.run).model_pair)
@@ -44,10 +46,14 @@ def main(argv=None) -> dict:
             raise ConfigError(f"{path} not found: make it first ({how} RUN={a.run})")
     if a.episodes < 1 or a.horizon < 1:
         raise ConfigError("--episodes and --horizon: 1 or more")
+    try:
+        guidance = tuple(float(w) for w in a.guidance.split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"--guidance {a.guidance!r}: scales separated by commas, e.g. 1,2") from None
 
     from wmrl.device import pick_device
     from wmrl.evaluation.action_gap import action_gap, table
-    from wmrl.evaluation.ranking import parse_policy
+    from wmrl.evaluation.ranking import guidance_scales, parse_policy
     from wmrl.policy.runner import PolicyRunner
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
@@ -67,15 +73,22 @@ def main(argv=None) -> dict:
                           f"{contract['image_size']} px: use a pair of the policy's profile")
     main_m = FrameWorldModel.from_pretrained(pair.part("main"), device)
     wrist_m = FrameWorldModel.from_pretrained(pair.part("wrist"), device)
+    scales = guidance_scales({"main": main_m, "wrist": wrist_m}, guidance)
     _, _, val = load_split(manifest, main_m.cfg.chunk_size)
     if not val:
         raise ConfigError(f"{manifest} has no validation episodes; build it with --val-ratio > 0")
     episodes = held_out_halves(val)[1][: a.episodes]  # the half wm-eval reads
     t0 = time.perf_counter()
-    roll = open_loop(main_m, wrist_m, episodes, a.horizon, seed=a.seed, device=device)
-    result = {**action_gap(roll, episodes, runner, main_m.cfg.chunk_size), "pair": str(pair.root),
-              "policy": a.policy, "seconds": round(time.perf_counter() - t0, 1),
-              "machine": {"host": platform.node(), "device": str(device)}}
+    by_scale = {}
+    for w in scales:  # the same episodes, seed and policy noise at each scale: only the guidance differs
+        main_m.guidance = wrist_m.guidance = w
+        roll = open_loop(main_m, wrist_m, episodes, a.horizon, seed=a.seed, device=device)
+        by_scale[w] = action_gap(roll, episodes, runner, main_m.cfg.chunk_size)
+        if len(scales) > 1:
+            print(f"[action-gap] action guidance {w:g}:\n{table(by_scale[w])}")
+    result = {**by_scale[scales[0]], "pair": str(pair.root), "policy": a.policy, "guidance": scales[0],
+              **({"by_guidance": {str(w): r for w, r in by_scale.items()}} if len(scales) > 1 else {}),
+              "seconds": round(time.perf_counter() - t0, 1), "machine": {"host": platform.node(), "device": str(device)}}
     print(table(result))
     print(json.dumps(result, indent=1))
     if a.json:

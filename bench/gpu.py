@@ -55,7 +55,8 @@ returns only a few files).
                                (what each world-model training speed option buys, with profiler tables)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
                                RANK_ARGS="--traces"]
-    python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20]   (the policy's actions on the pair's
+    python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20 GUIDANCE=1,2 (a pair trained with
+                               WM_ARGS="--compile --action-dropout 0.1")]   (the policy's actions on the pair's
                                imagined frames against the real ones, bench/action_gap.py; after wm: unpack+wm+gap+grpo)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
@@ -494,6 +495,7 @@ def phase_gap(v: dict, env: dict) -> None:
     A few seconds of imagination; the JSON comes back in OUT."""
     stage("action_gap", "bench/action_gap.py", ["--run", v.get("RUN", "runs/h200"), "--policy",
                                                 v.get("POLICY", "sft/4000@ode"), "--episodes", v.get("GAP_EPISODES", "20"),
+                                                *(["--guidance", v["GUIDANCE"]] if "GUIDANCE" in v else []),
                                                 "--device", "cuda", "--json", OUT / "action_gap.json"], env)
 
 

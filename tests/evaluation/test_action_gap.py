@@ -67,5 +67,74 @@ def test_the_bench_script_measures_a_pair_and_refuses_bad_input(pair_run, tmp_pa
     assert out["horizons"]["1"]["episodes"] >= 1 and json.loads((tmp_path / "gap.json").read_text())["policy"] == "sft/10@ode"
     with pytest.raises(ConfigError, match="a control reads no frames"):
         bench.main(["--run", str(pair_run), "--policy", "hold"])
+    with pytest.raises(ConfigError, match="--action-dropout 0.1"):  # guidance needs a pair trained for it
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--guidance", "1,2", "--device", "cpu"])
     with pytest.raises(ConfigError, match="make package"):
         bench.main(["--run", str(tmp_path), "--policy", "sft/10"])
+
+
+def test_corruptions_do_what_they_say():
+    import torch
+    from wmrl.evaluation.action_gap import perturb, psnr
+
+    g = torch.Generator().manual_seed(0)
+    frames = torch.rand(2, 3, 3, 16, 16, generator=g) * 2 - 1  # (E, T, 3, H, W)
+    assert torch.equal(perturb(frames, "none"), frames)
+    flat = torch.full((1, 2, 3, 16, 16), 0.3)
+    torch.testing.assert_close(perturb(flat, "blur:2"), flat)  # a blur keeps a flat image, edges included
+    assert perturb(frames, "blur:2").var() < frames.var() / 2
+    shifted = perturb(frames, "shift:3")
+    assert torch.equal(shifted[..., 3:, 3:], frames[..., :-3, :-3])
+    late = perturb(frames, "late:1")
+    assert torch.equal(late[:, 0], frames[:, 0]) and torch.equal(late[:, 1:], frames[:, :-1])
+    assert torch.equal(perturb(frames, "noise:0.1", seed=1), perturb(frames, "noise:0.1", seed=1))
+    torch.testing.assert_close(perturb(frames, "blend:1"), late)
+    torch.testing.assert_close(perturb(frames, "blend:0.5")[:, 1:], (frames[:, 1:] + frames[:, :-1]) / 2)
+    torch.testing.assert_close(perturb(frames, "late:1+shift:3"), perturb(late, "shift:3"))
+    assert perturb(frames, "noise:0.1").abs().max() <= 1
+    with pytest.raises(ValueError, match="blur:S, noise:S"):
+        perturb(frames, "jpeg:50")
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    half = frames.clone()
+    half[:, 1:] = frames[:, 1:] + 0.2  # [-1, 1] units: 0.1 in [0, 1], 20 dB
+    assert abs(psnr(half, frames, valid) - 20.0) < 1e-3
+
+
+def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run, tmp_path):  # noqa: F811
+    spec = importlib.util.spec_from_file_location("view_sensitivity", ROOT / "bench" / "view_sensitivity.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = sorted(Path(pair_run).rglob("*.hdf5"))[0].parent
+    out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--episodes", "2",
+                      "--corruptions", "none,late:1", "--device", "cpu", "--json", str(tmp_path / "s.json")])
+    none, late = out["rows"]
+    assert none["horizons"]["1"]["action_gap"] == 0.0 and none["horizons"]["1"]["gripper_agrees"] == 1.0
+    assert late["horizons"]["1"]["action_gap"] > 0 and late["psnr_db"] < none["psnr_db"]
+    assert json.loads((tmp_path / "s.json").read_text())["view"] == "wrist"
+    with pytest.raises(ConfigError, match="--corruptions"):
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--corruptions", "jpeg:50"])
+    with pytest.raises(ConfigError, match="no .hdf5 files"):
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(tmp_path)])
+
+
+def test_the_action_gap_at_each_guidance_scale_of_a_dropout_pair(sft_run, tmp_path):  # noqa: F811
+    """``--guidance 1,2``: the same episodes and policy noise imagined at each scale; the first is the
+    headline, each under ``by_guidance``. (These untrained models' zero-initialised output layers
+    ignore the actions, so the two scales' frames agree here; what guidance does to trained ones is
+    bench/RESULTS.md's.)"""
+    import shutil
+
+    from tests.rl.conftest import add_pair
+
+    run = tmp_path / "dropout"
+    shutil.copytree(sft_run, run)
+    add_pair(run, episodes=8, action_dropout=0.1)
+    spec = importlib.util.spec_from_file_location("action_gap_bench", ROOT / "bench" / "action_gap.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--run", str(run), "--policy", "sft/10@ode", "--episodes", "2", "--horizon", "2",
+                      "--device", "cpu", "--guidance", "1,2"])
+    one, two = (out["by_guidance"][w]["horizons"]["1"] for w in ("1.0", "2.0"))
+    assert out["guidance"] == 1.0 and out["horizons"]["1"] == one
+    assert one["action_gap_held"] == two["action_gap_held"] > 0  # the real inputs and the noise are the same
+    assert one["episodes"] == two["episodes"] >= 1

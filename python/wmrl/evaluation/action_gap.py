@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from wmrl.worldmodel.fidelity import HORIZONS
+from wmrl.worldmodel.fidelity import HORIZONS, real_frames
 
 # per kind of input, where each part of the observation comes from (the held start: the real chunk 0)
 INPUTS = {"real": {}, "imagined": {"main": "imagined", "wrist": "imagined", "proprio": "imagined"},
@@ -87,3 +87,84 @@ def table(result: dict) -> str:
                      f"{r['action_gap_imagined_proprio']} | "
                      f"{r['gripper_agrees_imagined']:.0%} / {r['gripper_agrees_held']:.0%} |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# What kind of error in a view moves the policy? The real frames with one known corruption in
+# place of the imagined ones: a blur (a few-step sampler's soft frames), pixel noise, a shift
+# (the camera a little off where the arm really is), the frame one chunk late (the arm's motion
+# missed). Each is placed by its PSNR against the real frame, beside the world model's own.
+
+def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of (N, 3, H, W), edges replicated."""
+    r = max(1, int(3 * sigma + 0.5))
+    k = torch.exp(-torch.arange(-r, r + 1, dtype=x.dtype) ** 2 / (2 * sigma**2))
+    k = (k / k.sum()).to(x.device)
+    c = x.shape[1]
+    x = torch.nn.functional.pad(x, (r, r, r, r), mode="replicate")
+    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
+    return torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
+
+
+def _shift(x: torch.Tensor, pixels: int) -> torch.Tensor:
+    """The image moved ``pixels`` right and down, the uncovered edge replicated."""
+    h, w = x.shape[-2:]
+    x = torch.nn.functional.pad(x, (pixels, 0, pixels, 0), mode="replicate")
+    return x[..., :h, :w]
+
+
+def perturb(frames: torch.Tensor, how: str, seed: int = 0) -> torch.Tensor:
+    """(E, T, 3, H, W) frames in [-1, 1], corrupted as ``how`` says: ``blur:S`` (Gaussian, sigma S
+    pixels), ``noise:S`` (Gaussian, std S in [-1, 1] units), ``shift:P`` (P pixels right and down),
+    ``late:K`` (the frame K chunks earlier; the first frames stay), ``blend:W`` (W of the frame one
+    chunk earlier over 1 - W of this one: the ghost a model unsure of the motion draws), ``none``;
+    several joined by ``+`` apply left to right (``late:1+blur:2``)."""
+    if "+" in how:
+        for part in how.split("+"):
+            frames = perturb(frames, part, seed)
+        return frames
+    kind, _, arg = how.partition(":")
+    e, t = frames.shape[:2]
+    flat = frames.flatten(0, 1).float()
+    if kind == "none":
+        out = flat
+    elif kind == "blur":
+        out = _blur(flat, float(arg))
+    elif kind == "noise":
+        out = flat + float(arg) * torch.randn(flat.shape, generator=torch.Generator().manual_seed(seed))
+    elif kind == "shift":
+        out = _shift(flat, int(arg))
+    elif kind == "late":
+        k = int(arg)
+        return torch.cat([frames[:, :1].expand(-1, k, *frames.shape[2:]), frames[:, :-k]], dim=1)[:, :t]
+    elif kind == "blend":
+        w = float(arg)
+        return ((1 - w) * frames.float() + w * perturb(frames, "late:1").float()).to(frames.dtype)
+    else:
+        raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W or none, "
+                         "joined by +")
+    return out.clamp(-1, 1).view(e, t, *frames.shape[2:]).to(frames.dtype)
+
+
+def real_roll(episodes: list, horizon: int) -> dict:
+    """``fidelity.open_loop``'s layout with no world model: the real frames and proprio, and as
+    "imagined" the same (``perturbed`` then corrupts one view)."""
+    steps = min(horizon, max(len(ep.actions) for ep in episodes))
+    real, proprio = real_frames(episodes, steps)
+    lengths = torch.tensor([len(ep.actions) for ep in episodes])
+    valid = torch.arange(steps + 1)[None, :] <= lengths[:, None]
+    return {"real": real, "imagined": dict(real), "proprio": {"real": proprio, "imagined": proprio},
+            "valid": valid, "steps": steps}
+
+
+def perturbed(roll: dict, view: str, how: str, seed: int = 0) -> dict:
+    """``roll`` whose imagined ``view`` is its real one corrupted (``perturb``); every other part real."""
+    return {**roll, "imagined": {**roll["real"], view: perturb(roll["real"][view], how, seed)},
+            "proprio": {**roll["proprio"], "imagined": roll["proprio"]["real"]}}
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
+    """Mean PSNR (dB, images in [0, 1]) of (E, T, 3, H, W) frames at the ``valid`` (E, T) boundaries
+    after the first (the first is where every rollout starts)."""
+    mse = (((a.float() - b.float()) / 2) ** 2).mean(dim=(2, 3, 4))[:, 1:][valid[:, 1:]]
+    return float((10 * torch.log10(1 / mse.clamp_min(1e-10))).mean())

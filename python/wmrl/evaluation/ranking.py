@@ -260,7 +260,7 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                                             max_chunks=sim.max_steps // sim.chunk_size, tasks=tasks,
                                             max_chunk=max_chunk, keyframes_per_task=keyframes_per_task, seed=seed,
                                             device=dev, bf16=bf16, success_chunks=success_chunks)
-    scales = guidance_scales(env, guidance)
+    scales = guidance_scales(env.world.models, guidance)
     pool = SimulatorPool(sim, workers, policy_id="wm-rank", max_envs=3)
     rows = []
     try:
@@ -314,12 +314,11 @@ def rank_policies(specs: list[PolicySpec], *, pair: Path, manifest: Path, sim, t
                      "device": str(dev), "simulator_workers": pool.num_workers}}
 
 
-def guidance_scales(env, guidance: tuple[float, ...]) -> list[float]:
-    """The action-guidance scales to imagine at, checked against the pair's world models by their
-    own config's rule (a scale other than 1 needs models trained with action dropout)."""
+def guidance_scales(models: dict, guidance: tuple[float, ...]) -> list[float]:
+    """The action-guidance scales to imagine at, checked against the pair's world models (view ->
+    model) by their own config's rule (a scale other than 1 needs models trained with action dropout)."""
     from wmrl.config import override
 
-    models = env.world.models
     if not guidance:
         return [models["main"].guidance]
     text = ",".join(map(str, guidance))

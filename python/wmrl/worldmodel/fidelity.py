@@ -77,13 +77,11 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
     On a GPU the models run under bf16 autocast (``bf16``), as GRPO's imagination does: the
     reward is calibrated, and agreement measured, on frames made the way GRPO makes them."""
     from wmrl.worldmodel.imagine import Imagination
-    from wmrl.worldmodel.model import images_to_unit
 
     e = len(episodes)
     real_steps = min(horizon, max(len(ep.actions) for ep in episodes))
     steps = real_steps + hold_chunks
-    real = {v: torch.stack([images_to_unit(torch.from_numpy(_pad(getattr(ep, v), steps + 1))) for ep in episodes])
-            for v in ("main", "wrist")}
+    real, real_proprio = real_frames(episodes, steps)
     acts = torch.stack([torch.from_numpy(_pad(ep.actions, steps)) for ep in episodes])
     lengths = torch.tensor([len(ep.actions) for ep in episodes])
     acts[torch.arange(steps)[None, :] >= lengths[:, None]] = 0  # past its end an episode holds still
@@ -92,7 +90,6 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
     valid = (t <= lengths[:, None]) & (t <= real_steps)
     ended = lengths <= real_steps  # over within the horizon: imagined on while held still
     imagined_valid = valid | (ended[:, None] & (t <= lengths[:, None] + hold_chunks))
-    real_proprio = torch.stack([torch.from_numpy(_pad(ep.proprio, steps + 1)) for ep in episodes]).float()
     p0 = real_proprio[:, 0].to(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     world = Imagination(main_model, wrist_model)
@@ -111,6 +108,16 @@ def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, de
             "proprio": {"real": real_proprio, "imagined": torch.stack(imagined_proprio, 1).cpu()},  # (E, T + 1, P) raw
             "valid": valid, "imagined_valid": imagined_valid, "success": success, "steps": real_steps,
             "hold_chunks": hold_chunks, "episodes": e, "outcome": simulator_outcomes(episodes)}
+
+
+def real_frames(episodes, steps: int) -> tuple[dict, torch.Tensor]:
+    """Both views' real frames (E, steps + 1, 3, H, W) in [-1, 1] and raw proprio (E, steps + 1, P),
+    an episode's last row repeated past its end (callers mask those rows)."""
+    from wmrl.worldmodel.model import images_to_unit
+
+    frames = {v: torch.stack([images_to_unit(torch.from_numpy(_pad(getattr(ep, v), steps + 1))) for ep in episodes])
+              for v in ("main", "wrist")}
+    return frames, torch.stack([torch.from_numpy(_pad(ep.proprio, steps + 1)) for ep in episodes]).float()
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:

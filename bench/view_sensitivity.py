@@ -1,0 +1,138 @@
+"""What kind of error in one camera view moves the policy? (``wmrl.evaluation.action_gap``)
+
+    .venv/train/bin/python bench/view_sensitivity.py --run runs/x --policy sft/4000@ode --data runs/x/collect
+    .venv/train/bin/python bench/view_sensitivity.py --run runs/x --policy sft/4000@ode --data D --view wrist \\
+        --corruptions none,blur:1,blur:2,noise:0.1,shift:4,late:1 --episodes 16 --json out.json
+
+``bench/action_gap.py`` found that the imagined wrist view alone makes the whole gap between the
+policy's actions in the pair and in the simulator. This says which *kind* of wrist error does:
+real recorded episodes (HDF5 files under ``--data``), their real frames with one view corrupted
+in a known way (a blur, as a few-step sampler's soft frames; pixel noise; a shift, the camera a
+little off where the arm is; the frame one chunk late, the arm's motion missed), the policy's
+action chunk on them against its chunk on the real inputs (same sampler noise), at the same
+horizons as the action gap. Each corruption is placed by its PSNR against the real frame, so a
+world model's frames (their PSNR in ``fidelity.json``) can be set beside the corruption that costs
+the same. Runs in the policy's environment (.venv/train); no world model, no GPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from wmrl.config import ConfigError  # noqa: E402
+
+DEFAULT = ("none,blur:1,blur:2,blur:3,noise:0.05,noise:0.1,shift:2,shift:4,shift:8,blend:0.25,blend:0.5,late:1,"
+           "late:1+blur:2,late:2")
+
+
+def read_episodes(data: Path, chunk: int, limit: int) -> list:
+    """Up to ``limit`` episodes of the HDF5 files under ``data``, one task after another in turn
+    (the first episode of every file, then the second, ...) so a few cover every task."""
+    import h5py
+
+    from wmrl.worldmodel.data import read_episode
+
+    files = sorted(data.rglob("*.hdf5"))
+    if not files:
+        raise ConfigError(f"no .hdf5 files under {data}: record some first (make collect RUN=...)")
+    per_file = []
+    for path in files:
+        with h5py.File(path, "r") as h:
+            eps = [read_episode(h["data"][k], chunk, "sensitivity", f"{path.name}:{k}") for k in sorted(h["data"])]
+        per_file.append([e for e in eps if e is not None])
+    out = []
+    for i in range(max(map(len, per_file))):
+        out += [eps[i] for eps in per_file if i < len(eps)]
+    return out[:limit]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default="runs/default", help="where --policy's checkpoint is found")
+    p.add_argument("--policy", required=True, help="a checkpoint (sft/N, a GRPO step N or a folder), optionally @ode "
+                                                   "(the same action for the same input) or @T=<temperature>")
+    p.add_argument("--data", type=Path, required=True, help="a folder of recorded episodes (make collect's RUN/collect)")
+    p.add_argument("--view", default="wrist", choices=["main", "wrist"])
+    p.add_argument("--corruptions", default=DEFAULT, help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, "
+                                                          "none; several joined by + (late:1+blur:2)")
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--horizon", type=int, default=20, help="chunks read (the horizons 1, 5, 10, 20 within it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    if a.episodes < 1 or a.horizon < 1:
+        raise ConfigError("--episodes and --horizon: 1 or more")
+    corruptions = a.corruptions.split(",")
+
+    import torch
+
+    from wmrl.config import CHUNK_SIZE
+    from wmrl.device import pick_device
+    from wmrl.evaluation.action_gap import action_gap, perturb, perturbed, psnr, real_roll
+    from wmrl.evaluation.ranking import parse_policy
+    from wmrl.policy.runner import PolicyRunner
+
+    for how in corruptions:  # a typo fails here, before the policy loads
+        try:
+            perturb(torch.zeros(1, 2, 3, 8, 8), how)
+        except ValueError as e:
+            raise ConfigError(f"--corruptions: {e}") from None
+    spec = parse_policy(a.policy, a.run)
+    if spec.checkpoint is None:
+        raise ConfigError(f"--policy {a.policy}: a control reads no frames; give a checkpoint (e.g. sft/4000@ode)")
+    episodes = read_episodes(a.data, CHUNK_SIZE, a.episodes)
+    device = pick_device(a.device)
+    runner = PolicyRunner(spec.checkpoint, device=str(device), sampler=spec.sampler, temperature=spec.temperature,
+                          seed=a.seed)
+    size = episodes[0].main.shape[1]
+    if runner.image_size != size:
+        raise ConfigError(f"the policy reads {runner.image_size} px images, the episodes under {a.data} hold {size} px")
+    t0 = time.perf_counter()
+    roll = real_roll(episodes, a.horizon)
+    rows = []
+    for how in corruptions:
+        r = perturbed(roll, a.view, how, a.seed)
+        gap = action_gap(r, episodes, runner, CHUNK_SIZE)
+        rows.append({"corruption": how, "psnr_db": round(psnr(r["imagined"][a.view], roll["real"][a.view], roll["valid"]), 2),
+                     "horizons": {h: {"episodes": g["episodes"], "action_gap": g["action_gap_imagined"],
+                                      "held_start": g["action_gap_held"],
+                                      "gripper_agrees": g["gripper_agrees_imagined"]}
+                                  for h, g in gap["horizons"].items()}})
+        print(f"[sensitivity] {a.view} {how}: {rows[-1]['psnr_db']} dB, action gap "
+              + ", ".join(f"{h}: {v['action_gap']}" for h, v in rows[-1]["horizons"].items()), flush=True)
+    result = {"view": a.view, "policy": a.policy, "data": str(a.data), "episodes": len(episodes),
+              "tasks": sorted({e.task for e in episodes}), "rows": rows, "seconds": round(time.perf_counter() - t0, 1),
+              "machine": {"host": platform.node(), "device": str(device), "torch": torch.__version__}}
+    print(table(result))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def table(result: dict) -> str:
+    hs = list(result["rows"][0]["horizons"])
+    lines = [f"| {result['view']} view | PSNR to the real frame (dB) | " + " | ".join(f"gap at {h}" for h in hs)
+             + " | gripper sign agrees at 1 |", "|---" * (len(hs) + 3) + "|"]
+    for r in result["rows"]:
+        first = r["horizons"].get(hs[0], {})
+        lines.append(f"| {r['corruption']} | {r['psnr_db']} | " + " | ".join(str(r["horizons"][h]["action_gap"]) for h in hs)
+                     + f" | {first.get('gripper_agrees', 0):.0%} |")
+    held = " | ".join(str(result["rows"][0]["horizons"][h]["held_start"]) for h in hs)
+    lines.append(f"| held start (every part of chunk 0) | | {held} | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
