@@ -67,10 +67,18 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path, help="a PNG: the action gap one chunk ahead against each corruption's PSNR")
+    p.add_argument("--mark", action="append", default=[], metavar="LABEL=PSNR,GAP",
+                   help="an extra point on the plot, e.g. a pair's imagined wrist view: 'H200 pair=15.7,0.34'")
     a = p.parse_args(argv)
     if a.episodes < 1 or a.horizon < 1:
         raise ConfigError("--episodes and --horizon: 1 or more")
     corruptions = a.corruptions.split(",")
+    try:
+        marks = [{"label": m.rpartition("=")[0], "psnr_db": float(m.rpartition("=")[2].split(",")[0]),
+                  "action_gap": float(m.rpartition("=")[2].split(",")[1])} for m in a.mark]
+    except (ValueError, IndexError):
+        raise ConfigError(f"--mark {a.mark}: LABEL=PSNR,GAP, e.g. 'H200 pair=15.7,0.34'") from None
 
     import torch
 
@@ -112,6 +120,10 @@ def main(argv=None) -> dict:
               "tasks": sorted({e.task for e in episodes}), "rows": rows, "seconds": round(time.perf_counter() - t0, 1),
               "machine": {"host": platform.node(), "device": str(device), "torch": torch.__version__}}
     print(table(result))
+    if a.plot:
+        from wmrl.plots import sensitivity_scatter
+
+        sensitivity_scatter({**result, "marks": marks}, a.plot)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(result, indent=1))

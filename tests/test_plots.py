@@ -46,3 +46,14 @@ def test_ranking_scatter_with_and_without_guidance_scales(tmp_path):
         with Image.open(ranking_scatter(ranking, tmp_path / f"{name}.png")) as im:
             assert im.format == "PNG"
     assert ranking_scatter({"policies": []}, tmp_path / "none.png") is None
+
+
+def test_sensitivity_scatter_marks_and_nothing_without_corruptions(tmp_path):
+    from wmrl.plots import sensitivity_scatter
+
+    row = lambda how, db, gap: {"corruption": how, "psnr_db": db, "horizons": {"1": {"action_gap": gap}}}  # noqa: E731
+    result = {"view": "wrist", "episodes": 2, "rows": [row("none", 100.0, 0.0), row("late:1", 17.8, 0.22)],
+              "marks": [{"label": "pair", "psnr_db": 15.7, "action_gap": 0.34}]}
+    with Image.open(sensitivity_scatter(result, tmp_path / "s.png")) as im:
+        assert im.format == "PNG"
+    assert sensitivity_scatter({"rows": [row("none", 100.0, 0.0)]}, tmp_path / "none.png") is None

@@ -219,3 +219,30 @@ def ranking_scatter(ranking: dict, out: str | os.PathLike) -> Path | None:
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     return _save(fig, plt, Path(out))
+
+
+def sensitivity_scatter(result: dict, out: str | os.PathLike, horizon: str = "1") -> Path | None:
+    """The policy's action gap against the corrupted frame's PSNR, one labelled point per
+    corruption (``bench/view_sensitivity.py``'s result): how far PSNR orders the errors as the
+    policy does. ``result["marks"]``: extra labelled points, e.g. a world model's own frames."""
+    rows = [r for r in result.get("rows", []) if r["corruption"] != "none" and horizon in r["horizons"]]
+    if not rows:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for r in rows:
+        x, y = r["psnr_db"], r["horizons"][horizon]["action_gap"]
+        ax.scatter([x], [y], color="tab:blue")
+        ax.annotate(r["corruption"], (x, y), fontsize=7, textcoords="offset points", xytext=(4, 3))
+    for m in result.get("marks", []):
+        ax.scatter([m["psnr_db"]], [m["action_gap"]], color="tab:red", marker="s")
+        ax.annotate(m["label"], (m["psnr_db"], m["action_gap"]), fontsize=7, color="tab:red",
+                    textcoords="offset points", xytext=(4, -9))
+    ax.set_xlabel(f"PSNR of the corrupted {result.get('view', '')} frame to the real one (dB)")
+    ax.set_ylabel(f"action gap {horizon} chunk(s) ahead")
+    ax.set_title(f"what in the {result.get('view', '')} view moves the policy ({result.get('episodes')} episodes)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    return _save(fig, plt, Path(out))

@@ -106,11 +106,14 @@ def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run
     spec.loader.exec_module(bench)
     data = sorted(Path(pair_run).rglob("*.hdf5"))[0].parent
     out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--episodes", "2",
-                      "--corruptions", "none,late:1", "--device", "cpu", "--json", str(tmp_path / "s.json")])
+                      "--corruptions", "none,late:1", "--device", "cpu", "--json", str(tmp_path / "s.json"),
+                      "--plot", str(tmp_path / "s.png"), "--mark", "a pair=15.7,0.34"])
     none, late = out["rows"]
     assert none["horizons"]["1"]["action_gap"] == 0.0 and none["horizons"]["1"]["gripper_agrees"] == 1.0
     assert late["horizons"]["1"]["action_gap"] > 0 and late["psnr_db"] < none["psnr_db"]
-    assert json.loads((tmp_path / "s.json").read_text())["view"] == "wrist"
+    assert json.loads((tmp_path / "s.json").read_text())["view"] == "wrist" and (tmp_path / "s.png").is_file()
+    with pytest.raises(ConfigError, match="LABEL=PSNR,GAP"):
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--mark", "pair=15.7"])
     with pytest.raises(ConfigError, match="--corruptions"):
         bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--corruptions", "jpeg:50"])
     with pytest.raises(ConfigError, match="no .hdf5 files"):
