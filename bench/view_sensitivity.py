@@ -47,6 +47,8 @@ def read_episodes(data: Path, chunk: int, limit: int) -> list:
         with h5py.File(path, "r") as h:
             eps = [read_episode(h["data"][k], chunk, "sensitivity", f"{path.name}:{k}") for k in sorted(h["data"])]
         per_file.append([e for e in eps if e is not None])
+    if not any(per_file):
+        raise ConfigError(f"the files under {data} hold no episode of two chunks or more")
     out = []
     for i in range(max(map(len, per_file))):
         out += [eps[i] for eps in per_file if i < len(eps)]

@@ -93,7 +93,8 @@ def table(result: dict) -> str:
 # What kind of error in a view moves the policy? The real frames with one known corruption in
 # place of the imagined ones: a blur (a few-step sampler's soft frames), pixel noise, a shift
 # (the camera a little off where the arm really is), the frame one chunk late (the arm's motion
-# missed). Each is placed by its PSNR against the real frame, beside the world model's own.
+# missed), a ghost of two moments. Each is placed by its PSNR against the real frame, beside
+# the world model's own (bench/view_sensitivity.py).
 
 def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
     """Separable Gaussian blur of (N, 3, H, W), edges replicated."""
@@ -165,6 +166,6 @@ def perturbed(roll: dict, view: str, how: str, seed: int = 0) -> dict:
 
 def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
     """Mean PSNR (dB, images in [0, 1]) of (E, T, 3, H, W) frames at the ``valid`` (E, T) boundaries
-    after the first (the first is where every rollout starts)."""
+    after the first (the first is where every rollout starts); identical frames read 100."""
     mse = (((a.float() - b.float()) / 2) ** 2).mean(dim=(2, 3, 4))[:, 1:][valid[:, 1:]]
     return float((10 * torch.log10(1 / mse.clamp_min(1e-10))).mean())
