@@ -12,7 +12,9 @@ little off where the arm is; the frame one chunk late, the arm's motion missed),
 action chunk on them against its chunk on the real inputs (same sampler noise), at the same
 horizons as the action gap. Each corruption is placed by its PSNR against the real frame, so a
 world model's frames (their PSNR in ``fidelity.json``) can be set beside the corruption that costs
-the same. Runs in the policy's environment (.venv/train); no world model, no GPU needed.
+the same. ``--view proprio``: the proprio instead (noise in each dimension's spread over the
+episodes, late, ghost), each placed by its end-effector position error in mm. Runs in the policy's
+environment (.venv/train); no world model, no GPU needed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from wmrl.config import ConfigError  # noqa: E402
 
 DEFAULT = ("none,blur:1,blur:2,blur:3,noise:0.05,noise:0.1,shift:2,shift:4,shift:8,blend:0.25,blend:0.5,late:1,"
            "late:1+blur:2,late:2")
+DEFAULT_PROPRIO = "none,noise:0.05,noise:0.1,noise:0.25,noise:0.5,blend:0.25,blend:0.5,late:1,late:2"
 
 
 def read_episodes(data: Path, chunk: int, limit: int) -> list:
@@ -61,9 +64,10 @@ def main(argv=None) -> dict:
     p.add_argument("--policy", required=True, help="a checkpoint (sft/N, a GRPO step N or a folder), optionally @ode "
                                                    "(the same action for the same input) or @T=<temperature>")
     p.add_argument("--data", type=Path, required=True, help="a folder of recorded episodes (make collect's RUN/collect)")
-    p.add_argument("--view", default="wrist", choices=["main", "wrist"])
-    p.add_argument("--corruptions", default=DEFAULT, help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, "
-                                                          "none; several joined by + (late:1+blur:2)")
+    p.add_argument("--view", default="wrist", choices=["main", "wrist", "proprio"],
+                   help="the input to corrupt (proprio: noise:S in each dimension's std, late:K, blend:W)")
+    p.add_argument("--corruptions", help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, none; several "
+                                         f"joined by + (late:1+blur:2); default {DEFAULT} ({DEFAULT_PROPRIO} for the proprio)")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--horizon", type=int, default=20, help="chunks read (the horizons 1, 5, 10, 20 within it)")
     p.add_argument("--seed", type=int, default=0)
@@ -71,13 +75,15 @@ def main(argv=None) -> dict:
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path, help="a PNG: the action gap one chunk ahead against each corruption's PSNR")
     p.add_argument("--mark", action="append", default=[], metavar="LABEL=PSNR,GAP",
-                   help="an extra point on the plot, e.g. a pair's imagined wrist view: 'H200 pair=15.7,0.34'")
+                   help="an extra point on the plot, e.g. a pair's imagined wrist view: 'H200 pair=15.7,0.34' "
+                        "(--view proprio: LABEL=MM,GAP)")
     a = p.parse_args(argv)
     if a.episodes < 1 or a.horizon < 1:
         raise ConfigError("--episodes and --horizon: 1 or more")
-    corruptions = a.corruptions.split(",")
+    corruptions = (a.corruptions or (DEFAULT if a.view != "proprio" else DEFAULT_PROPRIO)).split(",")
     try:
-        marks = [{"label": m.rpartition("=")[0], "psnr_db": float(m.rpartition("=")[2].split(",")[0]),
+        key = "psnr_db" if a.view != "proprio" else "eef_error_mm"  # where the plot puts a point
+        marks = [{"label": m.rpartition("=")[0], key: float(m.rpartition("=")[2].split(",")[0]),
                   "action_gap": float(m.rpartition("=")[2].split(",")[1])} for m in a.mark]
     except (ValueError, IndexError):
         raise ConfigError(f"--mark {a.mark}: LABEL=PSNR,GAP, e.g. 'H200 pair=15.7,0.34'") from None
@@ -86,13 +92,14 @@ def main(argv=None) -> dict:
 
     from wmrl.config import CHUNK_SIZE
     from wmrl.device import pick_device
-    from wmrl.evaluation.action_gap import action_gap, perturb, perturbed, psnr, real_roll
+    from wmrl.evaluation.action_gap import action_gap, eef_error_mm, perturb, perturbed, psnr, real_roll
     from wmrl.evaluation.ranking import parse_policy
     from wmrl.policy.runner import PolicyRunner
 
+    images = a.view != "proprio"
     for how in corruptions:  # a typo fails here, before the policy loads
         try:
-            perturb(torch.zeros(1, 2, 3, 8, 8), how)
+            perturb(torch.zeros(1, 2, 3, 8, 8) if images else torch.zeros(1, 2, 8), how, images=images)
         except ValueError as e:
             raise ConfigError(f"--corruptions: {e}") from None
     spec = parse_policy(a.policy, a.run)
@@ -111,12 +118,16 @@ def main(argv=None) -> dict:
     for how in corruptions:
         r = perturbed(roll, a.view, how, a.seed)
         gap = action_gap(r, episodes, runner, CHUNK_SIZE)
-        rows.append({"corruption": how, "psnr_db": round(psnr(r["imagined"][a.view], roll["real"][a.view], roll["valid"]), 2),
+        if images:
+            size = {"psnr_db": round(psnr(r["imagined"][a.view], roll["real"][a.view], roll["valid"]), 2)}
+        else:
+            size = {"eef_error_mm": round(eef_error_mm(r["proprio"]["imagined"], roll["proprio"]["real"], roll["valid"]), 2)}
+        rows.append({"corruption": how, **size,
                      "horizons": {h: {"episodes": g["episodes"], "action_gap": g["action_gap_imagined"],
                                       "held_start": g["action_gap_held"],
                                       "gripper_agrees": g["gripper_agrees_imagined"]}
                                   for h, g in gap["horizons"].items()}})
-        print(f"[sensitivity] {a.view} {how}: {rows[-1]['psnr_db']} dB, action gap "
+        print(f"[sensitivity] {a.view} {how}: {next(iter(size.values()))} {'dB' if images else 'mm'}, action gap "
               + ", ".join(f"{h}: {v['action_gap']}" for h, v in rows[-1]["horizons"].items()), flush=True)
     result = {"view": a.view, "policy": a.policy, "data": str(a.data), "episodes": len(episodes),
               "tasks": sorted({e.task for e in episodes}), "rows": rows, "seconds": round(time.perf_counter() - t0, 1),
@@ -134,12 +145,15 @@ def main(argv=None) -> dict:
 
 def table(result: dict) -> str:
     hs = list(result["rows"][0]["horizons"])
-    lines = [f"| {result['view']} view | PSNR to the real frame (dB) | " + " | ".join(f"gap at {h}" for h in hs)
+    images = result["view"] != "proprio"
+    size = "PSNR to the real frame (dB)" if images else "end-effector error (mm)"
+    lines = [f"| {result['view']} | {size} | " + " | ".join(f"gap at {h}" for h in hs)
              + " | gripper sign agrees at 1 |", "|---" * (len(hs) + 3) + "|"]
     for r in result["rows"]:
         first = r["horizons"].get(hs[0], {})
-        lines.append(f"| {r['corruption']} | {r['psnr_db']} | " + " | ".join(str(r["horizons"][h]["action_gap"]) for h in hs)
-                     + f" | {first.get('gripper_agrees', 0):.0%} |")
+        gaps = " | ".join(str(r["horizons"][h]["action_gap"]) for h in hs)
+        lines.append(f"| {r['corruption']} | {r['psnr_db'] if images else r['eef_error_mm']} | {gaps} | "
+                     f"{first.get('gripper_agrees', 0):.0%} |")
     held = " | ".join(str(result["rows"][0]["horizons"][h]["held_start"]) for h in hs)
     lines.append(f"| held start (every part of chunk 0) | | {held} | |")
     return "\n".join(lines)

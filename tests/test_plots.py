@@ -57,3 +57,7 @@ def test_sensitivity_scatter_marks_and_nothing_without_corruptions(tmp_path):
     with Image.open(sensitivity_scatter(result, tmp_path / "s.png")) as im:
         assert im.format == "PNG"
     assert sensitivity_scatter({"rows": [row("none", 100.0, 0.0)]}, tmp_path / "none.png") is None
+    proprio = {"view": "proprio", "episodes": 2, "rows": [{"corruption": "late:1", "eef_error_mm": 40.0,
+                                                          "horizons": {"1": {"action_gap": 0.2}}}]}
+    with Image.open(sensitivity_scatter(proprio, tmp_path / "p.png")) as im:
+        assert im.format == "PNG"

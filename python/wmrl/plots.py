@@ -232,15 +232,17 @@ def sensitivity_scatter(result: dict, out: str | os.PathLike, horizon: str = "1"
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(5, 4))
+    key = "psnr_db" if result.get("view") != "proprio" else "eef_error_mm"
     for r in rows:
-        x, y = r["psnr_db"], r["horizons"][horizon]["action_gap"]
+        x, y = r[key], r["horizons"][horizon]["action_gap"]
         ax.scatter([x], [y], color="tab:blue")
         ax.annotate(r["corruption"], (x, y), fontsize=7, textcoords="offset points", xytext=(4, 3))
     for m in result.get("marks", []):
-        ax.scatter([m["psnr_db"]], [m["action_gap"]], color="tab:red", marker="s")
-        ax.annotate(m["label"], (m["psnr_db"], m["action_gap"]), fontsize=7, color="tab:red",
+        ax.scatter([m[key]], [m["action_gap"]], color="tab:red", marker="s")
+        ax.annotate(m["label"], (m[key], m["action_gap"]), fontsize=7, color="tab:red",
                     textcoords="offset points", xytext=(4, -9))
-    ax.set_xlabel(f"PSNR of the corrupted {result.get('view', '')} frame to the real one (dB)")
+    ax.set_xlabel(f"PSNR of the corrupted {result.get('view', '')} frame to the real one (dB)" if key == "psnr_db"
+                  else "end-effector position error of the corrupted proprio (mm)")
     ax.set_ylabel(f"action gap {horizon} chunk(s) ahead")
     ax.set_title(f"what in the {result.get('view', '')} view moves the policy ({result.get('episodes')} episodes)",
                  fontsize=9)

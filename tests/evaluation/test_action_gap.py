@@ -46,9 +46,10 @@ def test_frames_that_copy_the_real_ones_leave_no_gap_and_the_held_start_does(pai
     assert h1["episodes"] == 3 and h1["action_gap_imagined"] == 0.0 and h1["gripper_agrees_imagined"] == 1.0
     assert h1["action_gap_held"] > 0 and h1["ratio"] == 0.0
     assert h1["action_gap_imagined_main"] == h1["action_gap_imagined_wrist"] == h1["action_gap_imagined_proprio"] == 0.0
+    assert h1["eef_error_mm_imagined"] == 0.0
     untrained = action_gap(roll, episodes, runner, chunk_size=8)["horizons"]["1"]
     assert untrained["action_gap_imagined"] > 0 and untrained["action_gap_imagined_main"] > 0
-    assert untrained["action_gap_imagined_wrist"] > 0
+    assert untrained["action_gap_imagined_wrist"] > 0 and untrained["eef_error_mm_imagined"] > 0
     # only the wrist view imagined: the main-only and proprio-only inputs are the real ones, and
     # the whole imagined input is the wrist-only one
     wrist_only = {**copy, "imagined": {"main": roll["real"]["main"], "wrist": roll["imagined"]["wrist"]}}
@@ -94,6 +95,11 @@ def test_corruptions_do_what_they_say():
     assert perturb(frames, "noise:0.1").abs().max() <= 1
     with pytest.raises(ValueError, match="blur:S, noise:S"):
         perturb(frames, "jpeg:50")
+    with pytest.raises(ValueError, match="blur and shift are for camera views"):
+        perturb(torch.zeros(2, 3, 8), "blur:1", images=False)
+    proprio = torch.randn(2, 3, 8, generator=g) * 5
+    assert perturb(proprio, "noise:1", images=False).abs().max() > 1  # no [-1, 1] clamp off the images
+    assert torch.equal(perturb(proprio, "late:1", images=False)[:, 1:], proprio[:, :-1])
     valid = torch.ones(2, 3, dtype=torch.bool)
     half = frames.clone()
     half[:, 1:] = frames[:, 1:] + 0.2  # [-1, 1] units: 0.1 in [0, 1], 20 dB
@@ -112,6 +118,12 @@ def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run
     assert none["horizons"]["1"]["action_gap"] == 0.0 and none["horizons"]["1"]["gripper_agrees"] == 1.0
     assert late["horizons"]["1"]["action_gap"] > 0 and late["psnr_db"] < none["psnr_db"]
     assert json.loads((tmp_path / "s.json").read_text())["view"] == "wrist" and (tmp_path / "s.png").is_file()
+    prop = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--episodes", "2",
+                       "--view", "proprio", "--corruptions", "none,late:1", "--device", "cpu"])
+    assert prop["rows"][0]["eef_error_mm"] == 0 and prop["rows"][0]["horizons"]["1"]["action_gap"] == 0.0
+    with pytest.raises(ConfigError, match="blur and shift are for camera views"):
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--view", "proprio",
+                    "--corruptions", "blur:1"])
     with pytest.raises(ConfigError, match="LABEL=PSNR,GAP"):
         bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--mark", "pair=15.7"])
     with pytest.raises(ConfigError, match="--corruptions"):
@@ -141,3 +153,24 @@ def test_the_action_gap_at_each_guidance_scale_of_a_dropout_pair(sft_run, tmp_pa
     assert out["guidance"] == 1.0 and out["horizons"]["1"] == one
     assert one["action_gap_held"] == two["action_gap_held"] > 0  # the real inputs and the noise are the same
     assert one["episodes"] == two["episodes"] >= 1
+
+
+def test_the_proprio_corrupted_alone_in_its_own_spread():
+    """``perturbed(roll, "proprio", ...)``: the frames stay real; the proprio's noise is scaled by
+    each dimension's spread; the end-effector error is read in millimetres."""
+    import torch
+    from wmrl.evaluation.action_gap import eef_error_mm, perturbed
+
+    g = torch.Generator().manual_seed(0)
+    frames = {v: torch.rand(4, 3, 3, 8, 8, generator=g) * 2 - 1 for v in ("main", "wrist")}
+    scale = torch.tensor([0.01, 0.01, 0.01, 1, 1, 1, 0.02, 0.02])  # metres, radians, finger positions
+    proprio = torch.randn(4, 3, 8, generator=g) * scale
+    roll = {"real": frames, "imagined": dict(frames), "proprio": {"real": proprio, "imagined": proprio},
+            "valid": torch.ones(4, 3, dtype=torch.bool), "steps": 2}
+    out = perturbed(roll, "proprio", "noise:0.5")
+    assert all(torch.equal(out["imagined"][v], frames[v]) for v in frames)
+    change = (out["proprio"]["imagined"] - proprio).std(dim=(0, 1)) / proprio.std(dim=(0, 1))
+    assert ((change > 0.2) & (change < 1.0)).all()  # half of each dimension's own spread, give or take
+    shifted = proprio.clone()
+    shifted[..., 0] += 0.003
+    assert abs(eef_error_mm(shifted, proprio, roll["valid"]) - 3.0) < 1e-3

@@ -70,8 +70,12 @@ def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HOR
         acts = {k: np.asarray(runner.act(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
         dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in INPUTS if k != "real"}
         grip = lambda k: float((np.sign(acts[k][..., -1]) == np.sign(acts["real"][..., -1])).mean())  # noqa: E731
+        pos = {k: roll["proprio"][k][rows, h, :3].float() for k in ("real", "imagined")}  # end effector, metres
         out["horizons"][str(h)] = {
             "episodes": len(rows), **{f"action_gap_{k}": round(d, 4) for k, d in dist.items()},
+            # where the imagined proprio puts the end effector (bench/view_sensitivity.py --view proprio
+            # says what such an error costs the policy)
+            "eef_error_mm_imagined": round(1000 * float((pos["imagined"] - pos["real"]).norm(dim=-1).mean()), 2),
             "ratio": round(dist["imagined"] / dist["held"], 3) if dist["held"] > 0 else None,
             "gripper_agrees_imagined": round(grip("imagined"), 3), "gripper_agrees_held": round(grip("held"), 3)}
     return out
@@ -114,37 +118,38 @@ def _shift(x: torch.Tensor, pixels: int) -> torch.Tensor:
     return x[..., :h, :w]
 
 
-def perturb(frames: torch.Tensor, how: str, seed: int = 0) -> torch.Tensor:
-    """(E, T, 3, H, W) frames in [-1, 1], corrupted as ``how`` says: ``blur:S`` (Gaussian, sigma S
-    pixels), ``noise:S`` (Gaussian, std S in [-1, 1] units), ``shift:P`` (P pixels right and down),
-    ``late:K`` (the frame K chunks earlier; the first frames stay), ``blend:W`` (W of the frame one
-    chunk earlier over 1 - W of this one: the ghost a model unsure of the motion draws), ``none``;
-    several joined by ``+`` apply left to right (``late:1+blur:2``)."""
+def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True) -> torch.Tensor:
+    """(E, T, ...) inputs corrupted as ``how`` says: ``blur:S`` (Gaussian, sigma S pixels),
+    ``noise:S`` (Gaussian, std S in the inputs' units: [-1, 1] for frames), ``shift:P`` (P pixels
+    right and down), ``late:K`` (the input K chunks earlier; the first ones stay), ``blend:W`` (W of
+    the input one chunk earlier over 1 - W of this one: the ghost a model unsure of the motion
+    draws), ``none``; several joined by ``+`` apply left to right (``late:1+blur:2``).
+    ``images``: (E, T, 3, H, W) frames in [-1, 1] (kept in range); else any (E, T, ...), where
+    blur and shift mean nothing."""
     if "+" in how:
         for part in how.split("+"):
-            frames = perturb(frames, part, seed)
-        return frames
+            x = perturb(x, part, seed, images)
+        return x
     kind, _, arg = how.partition(":")
-    e, t = frames.shape[:2]
-    flat = frames.flatten(0, 1).float()
     if kind == "none":
-        out = flat
-    elif kind == "blur":
-        out = _blur(flat, float(arg))
-    elif kind == "noise":
-        out = flat + float(arg) * torch.randn(flat.shape, generator=torch.Generator().manual_seed(seed))
-    elif kind == "shift":
-        out = _shift(flat, int(arg))
-    elif kind == "late":
+        return x
+    if kind == "late":
         k = int(arg)
-        return torch.cat([frames[:, :1].expand(-1, k, *frames.shape[2:]), frames[:, :-k]], dim=1)[:, :t]
-    elif kind == "blend":
+        return torch.cat([x[:, :1].expand(-1, k, *x.shape[2:]), x[:, :-k]], dim=1)[:, :x.shape[1]]
+    if kind == "blend":
         w = float(arg)
-        return ((1 - w) * frames.float() + w * perturb(frames, "late:1").float()).to(frames.dtype)
+        return ((1 - w) * x.float() + w * perturb(x, "late:1").float()).to(x.dtype)
+    if kind == "noise":
+        out = x.float() + float(arg) * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed))
+    elif kind in ("blur", "shift") and images:
+        flat = x.flatten(0, 1).float()
+        out = (_blur(flat, float(arg)) if kind == "blur" else _shift(flat, int(arg))).view(x.shape)
+    elif kind in ("blur", "shift"):
+        raise ValueError(f"{how!r}: blur and shift are for camera views; the proprio takes noise:S, late:K, blend:W")
     else:
         raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W or none, "
                          "joined by +")
-    return out.clamp(-1, 1).view(e, t, *frames.shape[2:]).to(frames.dtype)
+    return (out.clamp(-1, 1) if images else out).to(x.dtype)
 
 
 def real_roll(episodes: list, horizon: int) -> dict:
@@ -158,10 +163,18 @@ def real_roll(episodes: list, horizon: int) -> dict:
             "valid": valid, "steps": steps}
 
 
-def perturbed(roll: dict, view: str, how: str, seed: int = 0) -> dict:
-    """``roll`` whose imagined ``view`` is its real one corrupted (``perturb``); every other part real."""
-    return {**roll, "imagined": {**roll["real"], view: perturb(roll["real"][view], how, seed)},
-            "proprio": {**roll["proprio"], "imagined": roll["proprio"]["real"]}}
+def perturbed(roll: dict, part: str, how: str, seed: int = 0) -> dict:
+    """``roll`` whose imagined ``part`` (main, wrist or proprio) is its real one corrupted
+    (``perturb``); every other part real. The proprio's noise is in units of each dimension's
+    spread over the episodes (its std at their boundaries), so one S means as much for every dimension."""
+    real_p = roll["proprio"]["real"]
+    if part != "proprio":
+        return {**roll, "imagined": {**roll["real"], part: perturb(roll["real"][part], how, seed)},
+                "proprio": {**roll["proprio"], "imagined": real_p}}
+    rows = real_p[roll["valid"]]
+    mean, std = rows.mean(0), rows.std(0).clamp_min(1e-6)
+    own = perturb((real_p - mean) / std, how, seed, images=False) * std + mean
+    return {**roll, "imagined": dict(roll["real"]), "proprio": {**roll["proprio"], "imagined": own}}
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
@@ -169,3 +182,10 @@ def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
     after the first (the first is where every rollout starts); identical frames read 100."""
     mse = (((a.float() - b.float()) / 2) ** 2).mean(dim=(2, 3, 4))[:, 1:][valid[:, 1:]]
     return float((10 * torch.log10(1 / mse.clamp_min(1e-10))).mean())
+
+
+def eef_error_mm(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
+    """Mean distance (mm) between the end-effector positions (the proprio's first three values, in
+    metres) of (E, T, P) proprio at the ``valid`` boundaries after the first."""
+    d = (a[..., :3].float() - b[..., :3].float()).norm(dim=-1)[:, 1:][valid[:, 1:]]
+    return float(1000 * d.mean())
