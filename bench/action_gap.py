@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from wmrl.cli import parse_guidance  # noqa: E402
 from wmrl.config import ConfigError  # noqa: E402
 from wmrl.layout import RunLayout  # noqa: E402
 
@@ -46,10 +47,7 @@ def main(argv=None) -> dict:
             raise ConfigError(f"{path} not found: make it first ({how} RUN={a.run})")
     if a.episodes < 1 or a.horizon < 1:
         raise ConfigError("--episodes and --horizon: 1 or more")
-    try:
-        guidance = tuple(float(w) for w in a.guidance.split(",") if w.strip())
-    except ValueError:
-        raise ConfigError(f"--guidance {a.guidance!r}: scales separated by commas, e.g. 1,2") from None
+    guidance = parse_guidance(a.guidance)
 
     from wmrl.device import pick_device
     from wmrl.evaluation.action_gap import action_gap, table

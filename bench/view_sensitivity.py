@@ -58,6 +58,16 @@ def read_episodes(data: Path, chunk: int, limit: int) -> list:
     return out[:limit]
 
 
+def parse_mark(text: str, key: str) -> dict:
+    """``--mark 'LABEL=X,GAP'``: an extra point on the plot, at X (``key``: dB or mm) and GAP."""
+    label, _, numbers = text.rpartition("=")
+    try:
+        x, gap = (float(v) for v in numbers.split(","))
+    except ValueError:
+        raise ConfigError(f"--mark {text!r}: LABEL=PSNR,GAP, e.g. 'H200 pair=15.7,0.34'") from None
+    return {"label": label, key: x, "action_gap": gap}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="runs/default", help="where --policy's checkpoint is found")
@@ -81,12 +91,7 @@ def main(argv=None) -> dict:
     if a.episodes < 1 or a.horizon < 1:
         raise ConfigError("--episodes and --horizon: 1 or more")
     corruptions = (a.corruptions or (DEFAULT if a.view != "proprio" else DEFAULT_PROPRIO)).split(",")
-    try:
-        key = "psnr_db" if a.view != "proprio" else "eef_error_mm"  # where the plot puts a point
-        marks = [{"label": m.rpartition("=")[0], key: float(m.rpartition("=")[2].split(",")[0]),
-                  "action_gap": float(m.rpartition("=")[2].split(",")[1])} for m in a.mark]
-    except (ValueError, IndexError):
-        raise ConfigError(f"--mark {a.mark}: LABEL=PSNR,GAP, e.g. 'H200 pair=15.7,0.34'") from None
+    marks = [parse_mark(m, "psnr_db" if a.view != "proprio" else "eef_error_mm") for m in a.mark]
 
     import torch
 

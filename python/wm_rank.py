@@ -57,10 +57,7 @@ def build(argv: list[str] | None = None):
         raise ConfigError(f"--success-chunks {args.success_chunks}: 1 (the first chunk at the threshold) to 10")
     from wmrl.evaluation.ranking import check_distinct, parse_policy
 
-    try:
-        args.guidance = tuple(float(w) for w in args.guidance.split(",") if w.strip())
-    except ValueError:
-        raise ConfigError(f"--guidance {args.guidance!r}: scales separated by commas, e.g. 1,2") from None
+    args.guidance = cli.parse_guidance(args.guidance)
     args.specs = [parse_policy(t, args.run) for t in args.policy]  # unknown checkpoints said now
     if len(args.specs) < 2:
         raise ConfigError("give at least 2 policies (--policy A --policy B ...; 4 or more for a meaningful ranking)")

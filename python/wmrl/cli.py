@@ -131,6 +131,15 @@ def config_from_flags(args: argparse.Namespace, cfg, *, prefix: str = "", skip: 
     return override(cfg, **changes)
 
 
+def parse_guidance(text: str) -> tuple[float, ...]:
+    """``--guidance 1,2``: action-guidance scales to imagine at (empty: the pair's own), said wrong
+    before anything loads (``wm_rank.py``, ``bench/action_gap.py``)."""
+    try:
+        return tuple(float(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"--guidance {text!r}: scales separated by commas, e.g. 1,2") from None
+
+
 def print_plan(title: str, plan: dict[str, Any]) -> None:
     print(f"plan: {title}")
     print(json.dumps(plan, indent=2, default=str))

@@ -68,6 +68,8 @@ def test_the_bench_script_measures_a_pair_and_refuses_bad_input(pair_run, tmp_pa
     assert out["horizons"]["1"]["episodes"] >= 1 and json.loads((tmp_path / "gap.json").read_text())["policy"] == "sft/10@ode"
     with pytest.raises(ConfigError, match="a control reads no frames"):
         bench.main(["--run", str(pair_run), "--policy", "hold"])
+    with pytest.raises(ConfigError, match="scales separated by commas"):
+        bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--guidance", "1;2"])
     with pytest.raises(ConfigError, match="--action-dropout 0.1"):  # guidance needs a pair trained for it
         bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--guidance", "1,2", "--device", "cpu"])
     with pytest.raises(ConfigError, match="make package"):
