@@ -35,29 +35,6 @@ DEFAULT = ("none,blur:1,blur:2,blur:3,noise:0.05,noise:0.1,shift:2,shift:4,shift
 DEFAULT_PROPRIO = "none,noise:0.05,noise:0.1,noise:0.25,noise:0.5,blend:0.25,blend:0.5,late:1,late:2"
 
 
-def read_episodes(data: Path, chunk: int, limit: int) -> list:
-    """Up to ``limit`` episodes of the HDF5 files under ``data``, one task after another in turn
-    (the first episode of every file, then the second, ...) so a few cover every task."""
-    import h5py
-
-    from wmrl.worldmodel.data import read_episode
-
-    files = sorted(data.rglob("*.hdf5"))
-    if not files:
-        raise ConfigError(f"no .hdf5 files under {data}: record some first (make collect RUN=...)")
-    per_file = []
-    for path in files:
-        with h5py.File(path, "r") as h:
-            eps = [read_episode(h["data"][k], chunk, "sensitivity", f"{path.name}:{k}") for k in sorted(h["data"])]
-        per_file.append([e for e in eps if e is not None])
-    if not any(per_file):
-        raise ConfigError(f"the files under {data} hold no episode of two chunks or more")
-    out = []
-    for i in range(max(map(len, per_file))):
-        out += [eps[i] for eps in per_file if i < len(eps)]
-    return out[:limit]
-
-
 def parse_mark(text: str, key: str) -> dict:
     """``--mark 'LABEL=X,GAP'``: an extra point on the plot, at X (``key``: dB or mm) and GAP."""
     label, _, numbers = text.rpartition("=")
@@ -76,7 +53,8 @@ def main(argv=None) -> dict:
     p.add_argument("--data", type=Path, required=True, help="a folder of recorded episodes (make collect's RUN/collect)")
     p.add_argument("--view", default="wrist", choices=["main", "wrist", "proprio"],
                    help="the input to corrupt (proprio: noise:S in each dimension's std, late:K, blend:W)")
-    p.add_argument("--corruptions", help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, none; several "
+    p.add_argument("--corruptions", help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, warp:K (wrist: "
+                                         "the late frame warped by the camera's motion), none; several "
                                          f"joined by + (late:1+blur:2); default {DEFAULT} ({DEFAULT_PROPRIO} for the proprio)")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--horizon", type=int, default=20, help="chunks read (the horizons 1, 5, 10, 20 within it)")
@@ -100,17 +78,19 @@ def main(argv=None) -> dict:
     from wmrl.evaluation.action_gap import action_gap, eef_error_mm, perturb, perturbed, psnr, real_roll
     from wmrl.evaluation.ranking import parse_policy
     from wmrl.policy.runner import PolicyRunner
+    from wmrl.worldmodel.data import episodes_under
 
     images = a.view != "proprio"
     for how in corruptions:  # a typo fails here, before the policy loads
         try:
-            perturb(torch.zeros(1, 2, 3, 8, 8) if images else torch.zeros(1, 2, 8), how, images=images)
+            perturb(torch.zeros(1, 2, 3, 8, 8) if images else torch.zeros(1, 2, 8), how, images=images,
+                    proprio=torch.zeros(1, 2, 8) if a.view == "wrist" else None)
         except ValueError as e:
             raise ConfigError(f"--corruptions: {e}") from None
     spec = parse_policy(a.policy, a.run)
     if spec.checkpoint is None:
         raise ConfigError(f"--policy {a.policy}: a control reads no frames; give a checkpoint (e.g. sft/4000@ode)")
-    episodes = read_episodes(a.data, CHUNK_SIZE, a.episodes)
+    episodes = episodes_under(a.data, CHUNK_SIZE, a.episodes)
     device = pick_device(a.device)
     runner = PolicyRunner(spec.checkpoint, device=str(device), sampler=spec.sampler, temperature=spec.temperature,
                           seed=a.seed)

@@ -43,6 +43,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--wrist-main-at-end", action="store_true", default=None,
                    help="the wrist model sees the main view's frame at the chunk's end (imagined first in lockstep) "
                         "instead of its start: WorldModelConfig.main_at_chunk_end (default: the profile's)")
+    p.add_argument("--wrist-warp", action="store_true", default=None,
+                   help="the wrist model also reads its current frame warped by the camera's motion over the chunk "
+                        "(WorldModelConfig.wrist_warp; default: the profile's)")
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -62,7 +65,8 @@ def build(argv: list[str] | None = None):
     # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
     actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
     prof = dataclasses.replace(prof, main=override(prof.main, **actions),
-                               wrist=override(prof.wrist, **actions, main_at_chunk_end=args.wrist_main_at_end))
+                               wrist=override(prof.wrist, **actions, main_at_chunk_end=args.wrist_main_at_end,
+                                                         wrist_warp=args.wrist_warp))
     train = cli.config_from_flags(args, prof.train)
     manifest = Path(args.manifest or RunLayout(args.run).manifest)
     if not manifest.is_file():
@@ -112,6 +116,8 @@ def _passthrough(args) -> list[str]:
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if getattr(args, "wrist_main_at_end", None):
         out.append("--wrist-main-at-end")
+    if getattr(args, "wrist_warp", None):
+        out.append("--wrist-warp")
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
     if args.init_pair:

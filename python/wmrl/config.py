@@ -417,6 +417,14 @@ class WorldModelConfig:
     # seeds each, bench/RESULTS.md "Pose maps on the H200"), so off. False: the global
     # conditioning only
     pose_maps: bool = False
+    # Wrist view only: the current wrist frame warped by the camera's motion over the chunk (from
+    # the proprio now to the proprio head's prediction at the chunk's end, onto the table plane:
+    # ``camera.wrist_warp``), read as three more input channels. The wrist camera rides the arm, so
+    # what the policy reads in it is the chunk's motion (a frame one chunk late costs it 0.22 in
+    # its actions); the warp draws most of that motion by geometry (0.07; bench/RESULTS.md "The
+    # wrist camera's motion by geometry") and leaves the network what stands off the table.
+    # False: the global conditioning only
+    wrist_warp: bool = False
     # Chunks of past actions the model reads besides the current one (the actions that led to
     # its context frames, DIAMOND's conditioning). The OSC controller answers an action within a
     # few steps, so the last actions of the previous chunk move the arm in this one about as much
@@ -464,6 +472,9 @@ class WorldModelConfig:
             raise ConfigError(f"channels={self.channels}: each must be divisible by 8 (GroupNorm)")
         if not 0 < self.sigma_min < self.sigma_max:
             raise ConfigError("need 0 < sigma_min < sigma_max")
+        if self.wrist_warp and self.view != "wrist":
+            raise ConfigError("wrist_warp moves the wrist camera with the arm; the main camera stands still "
+                              "(set wrist_warp=False for the main model; pose_maps draws the arm there)")
         if self.pose_maps and self.view != "main":
             raise ConfigError("pose_maps draws the end effector in the fixed main camera; the wrist camera moves "
                               "with it (set pose_maps=False for the wrist model)")

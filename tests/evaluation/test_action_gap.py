@@ -99,6 +99,10 @@ def test_corruptions_do_what_they_say():
         perturb(frames, "jpeg:50")
     with pytest.raises(ValueError, match="blur and shift are for camera views"):
         perturb(torch.zeros(2, 3, 8), "blur:1", images=False)
+    still = torch.zeros(2, 3, 8)  # the arm never moved: the warped late frame is the late frame
+    torch.testing.assert_close(perturb(frames, "warp:1", proprio=still), late, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="warp is for the wrist view"):
+        perturb(frames, "warp:1")
     proprio = torch.randn(2, 3, 8, generator=g) * 5
     assert perturb(proprio, "noise:1", images=False).abs().max() > 1  # no [-1, 1] clamp off the images
     assert torch.equal(perturb(proprio, "late:1", images=False)[:, 1:], proprio[:, :-1])
@@ -114,9 +118,10 @@ def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run
     spec.loader.exec_module(bench)
     data = sorted(Path(pair_run).rglob("*.hdf5"))[0].parent
     out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--episodes", "2",
-                      "--corruptions", "none,late:1", "--device", "cpu", "--json", str(tmp_path / "s.json"),
+                      "--corruptions", "none,late:1,warp:1", "--device", "cpu", "--json", str(tmp_path / "s.json"),
                       "--plot", str(tmp_path / "s.png"), "--mark", "a pair=15.7,0.34"])
-    none, late = out["rows"]
+    none, late, warp = out["rows"]
+    assert warp["psnr_db"] < none["psnr_db"] and warp["horizons"]["1"]["action_gap"] >= 0
     assert none["horizons"]["1"]["action_gap"] == 0.0 and none["horizons"]["1"]["gripper_agrees"] == 1.0
     assert late["horizons"]["1"]["action_gap"] > 0 and late["psnr_db"] < none["psnr_db"]
     assert json.loads((tmp_path / "s.json").read_text())["view"] == "wrist" and (tmp_path / "s.png").is_file()

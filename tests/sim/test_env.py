@@ -70,6 +70,35 @@ def test_main_camera_projection_is_the_live_agentview_and_lands_on_the_gripper(e
     assert np.hypot(*np.subtract(points[0], points[1])) > 3  # the arm moved, and the point with it
 
 
+def test_wrist_camera_pose_follows_the_proprio_and_its_warp_draws_the_motion(env0):
+    """``camera.wrist_camera_pose`` (kept as numbers: the world-model side has no LIBERO) is the
+    live wrist camera's pose for the proprio, and warping a wrist frame by the camera's motion
+    over a chunk (``camera.wrist_warp``) comes closer to the frame after it than holding it."""
+    import torch
+
+    from wmrl.worldmodel import camera
+
+    sim = env0.raw.sim
+    cam = sim.model.camera_name2id("robot0_eye_in_hand")
+    fovy = float(sim.model.cam_fovy[cam])
+    assert fovy == camera.WRIST_FOVY_DEGREES
+    obs = env0.reset(init_index=0)
+    frames, proprio = [obs.wrist], [obs.proprio]
+    for move in ([0.6, 0.4, -0.3, 0, 0, 0, -1], [-0.5, 0.6, 0.0, 0, 0, 0.3, -1]):
+        rotation, position = camera.wrist_camera_pose(torch.tensor(env0.proprio())[None])
+        np.testing.assert_allclose(rotation[0].numpy(), sim.data.cam_xmat[cam].reshape(3, 3), atol=1e-4)
+        np.testing.assert_allclose(position[0].numpy(), sim.data.cam_xpos[cam], atol=1e-4)
+        obs, _ = env0.step_chunk(np.tile(np.array(move, np.float32), (8, 1)))
+        frames.append(obs.wrist)
+        proprio.append(obs.proprio)
+    x = torch.tensor(np.stack(frames)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    p = torch.tensor(np.stack(proprio))
+    warped = camera.wrist_warp(x[:-1], p[:-1], p[1:])
+    mse = lambda a, b: float(((a - b) ** 2).mean())  # noqa: E731
+    for i in range(2):
+        assert mse(warped[i], x[i + 1]) < 0.8 * mse(x[i], x[i + 1]), i
+
+
 def test_observation_shapes_and_types(env0, sim_cfg):
     obs = env0.reset(init_index=1)
     assert obs.main.shape == obs.wrist.shape == (64, 64, 3) and obs.main.dtype == np.uint8

@@ -380,6 +380,39 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
         override(TINY.wrist, pose_maps=True)
 
 
+def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_camera(trajectories):
+    """wrist_warp: three input channels, the current wrist frame warped to the proprio head's end
+    pose. They move with the actions; guidance's null sees the frame unwarped; the frame loss does
+    not train the proprio head through them; the model learns; the main model is refused."""
+    from wmrl.config import ConfigError, override
+
+    torch.manual_seed(0)
+    cfg = override(TINY.wrist, wrist_warp=True)
+    model = FrameWorldModel(cfg)
+    t = _new_transitions(trajectories, cfg)
+    b = t.batch(torch.arange(6), "wrist", cfg.main_condition, proprio_stats(t))
+    # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest, fingers down
+    model.set_proprio_stats({"mean": torch.tensor([-0.2085, 0.0, 1.1733, 3.1416, 0, 0, 0, 0]),
+                             "std": torch.tensor([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01])})
+    with torch.no_grad():
+        model.proprio_head[-1].weight.normal_(0, 0.5)  # a head that reads the actions
+    warped = model.warped_frame(b["frames"], b["actions"], b["proprio"])
+    other = model.warped_frame(b["frames"], b["actions"].flip(0), b["proprio"])
+    assert warped.shape == (6, 3, 64, 64)
+    assert (warped - other).abs().amax() > 0.1  # the chunk's end: from the actions
+    null = model.warped_frame(b["frames"], b["actions"], b["proprio"], no_actions=torch.ones(6, dtype=torch.bool))
+    torch.testing.assert_close(null, model.current_frame(b["frames"]).float(), atol=1e-4, rtol=0)
+    seen = []
+    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    model.loss(**b, proprio_weight=0)[0].backward()  # the frame loss alone
+    assert seen[0][1] == 3 * (1 + cfg.input_frames) + 3
+    assert all(not p.grad.any() for p in model.proprio_head.parameters())
+    model.zero_grad()
+    assert _fits_one_batch(model, b)
+    with pytest.raises(ConfigError, match="wrist_warp"):
+        override(TINY.main, wrist_warp=True)
+
+
 def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_imagination(trajectories):
     """action_history=1: a transition's actions are the previous chunk's (zeros at an episode's
     start), then its own; keyframes store the chunk before them; in imagination the model reads
@@ -637,9 +670,11 @@ def test_both_views_with_the_stop_rule_write_the_selection(updated_run):
 
 def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     run = _clone(manifest_run, manifest_run.parent / "timed")
-    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu"], run)
+    # --wrist-warp reaches the wrist model's process (the controller passes it on) and its saved config
+    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu", "--wrist-warp"], run)
     sel = json.loads((run / "train/selected_world_models.json").read_text())
     assert sel["wrist"]["reason"] == "stop requested" and 1 <= sel["wrist"]["step"] < 1000
+    assert json.loads((Path(sel["wrist"]["weights"]) / "config.json").read_text())["model"]["wrist_warp"] is True
     assert sel["main"]["reason"] == "stop requested" and sel["time_limit_s"] == pytest.approx(0.06)
     assert "stopped at the time limit" in r.stdout
     assert (Path(sel["wrist"]["weights"]) / "model.safetensors").is_file()
@@ -648,7 +683,7 @@ def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     # MORE=1 trains a finished update further, only with room above where the wrist model stopped
     low = _wm(["--steps", str(sel["wrist"]["step"]), "--more", "--device", "cpu"], run, check=False)
     assert low.returncode == 2 and f"MORE=1 STEPS={2 * sel['wrist']['step']}" in low.stderr
-    more = _wm(["--steps", "1000", "--max-minutes", "0.001", "--more", "--device", "cpu"], run)
+    more = _wm(["--steps", "1000", "--max-minutes", "0.001", "--more", "--device", "cpu", "--wrist-warp"], run)
     assert f"training further from main step {sel['main']['step']}, wrist step {sel['wrist']['step']}" in more.stdout
     after = json.loads((run / "train/selected_world_models.json").read_text())
     assert after["wrist"]["step"] > sel["wrist"]["step"] and after["main"]["step"] > sel["main"]["step"]
@@ -1203,3 +1238,45 @@ def test_the_agreement_interval_is_wide_on_few_episodes_and_closes_at_perfect_ag
     wide = balanced_accuracy_interval(pred.repeat(10), truth.repeat(10))  # ten times the episodes
     assert lo < wide[0] < 0.875 < wide[1] < hi
     assert balanced_accuracy_interval(truth, torch.ones(16, dtype=torch.bool)) is None  # one kind only
+
+
+def test_wrist_warp_keeps_a_still_camera_and_moves_the_table_with_the_arm():
+    """``camera.wrist_warp`` (the live simulator check is in tests/sim): the same pose gives the same
+    frame; the camera lowered toward the table magnifies it about the centre, the gripper's rows kept."""
+    from wmrl.worldmodel import camera
+
+    g = torch.Generator().manual_seed(0)
+    frames = torch.rand(1, 3, 32, 32, generator=g) * 2 - 1
+    pose = torch.tensor([[0.0, 0.0, 1.2, 3.14159265, 0.0, 0.0, 0.02, -0.02]])  # fingers down (axis-angle pi about x)
+    torch.testing.assert_close(camera.wrist_warp(frames, pose, pose), frames, atol=1e-5, rtol=0)
+    lower = pose.clone()
+    lower[0, 2] = 1.0
+    warped = camera.wrist_warp(frames, pose, lower)
+    keep = 32 - round(camera.WRIST_GRIPPER_ROWS * 32)
+    assert torch.equal(warped[..., keep:, :], frames[..., keep:, :])
+    assert (warped[..., :keep, :] - frames[..., :keep, :]).abs().mean() > 0.1
+    # a zoom: a frame that is smooth in space stays smooth, and its centre value stays near the centre
+    ramp = torch.linspace(-1, 1, 32).view(1, 1, 1, 32).expand(1, 3, 32, 32).contiguous()
+    zoomed = camera.wrist_warp(ramp, pose, lower)
+    assert zoomed[0, 0, 8, -1] < ramp[0, 0, 8, -1] and zoomed[0, 0, 8, 0] > ramp[0, 0, 8, 0]
+
+
+def test_wrist_warp_bench_reads_recorded_episodes_and_refuses_bad_planes(trajectories, tmp_path):
+    """bench/wrist_warp.py: held and warped PSNR per folder, the strip, one-line errors."""
+    import importlib.util
+
+    from wmrl.config import ConfigError
+
+    spec = importlib.util.spec_from_file_location("wrist_warp", REPO / "bench" / "wrist_warp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--data", str(trajectories[0].parent), "--episodes", "3", "--planes", "0.9,0.95",
+                      "--strip", str(tmp_path / "s.png"), "--json", str(tmp_path / "w.json")])
+    row = out["rows"][0]
+    assert row["episodes"] == 3 and row["chunks"] > 3
+    assert all(np.isfinite(row[k]) for k in ("held_db", "warp_0.9_db", "warp_0.95_above_gripper_db"))
+    assert (tmp_path / "s.png").stat().st_size > 0 and json.loads((tmp_path / "w.json").read_text())["planes"] == [0.9, 0.95]
+    with pytest.raises(ConfigError, match="--planes"):
+        bench.main(["--data", str(trajectories[0].parent), "--planes", "table"])
+    with pytest.raises(ConfigError, match="no .hdf5 files"):
+        bench.main(["--data", str(tmp_path)])

@@ -118,21 +118,33 @@ def _shift(x: torch.Tensor, pixels: int) -> torch.Tensor:
     return x[..., :h, :w]
 
 
-def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True) -> torch.Tensor:
+def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True,
+            proprio: torch.Tensor | None = None) -> torch.Tensor:
     """(E, T, ...) inputs corrupted as ``how`` says: ``blur:S`` (Gaussian, sigma S pixels),
     ``noise:S`` (Gaussian, std S in the inputs' units: [-1, 1] for frames), ``shift:P`` (P pixels
     right and down), ``late:K`` (the input K chunks earlier; the first ones stay), ``blend:W`` (W of
     the input one chunk earlier over 1 - W of this one: the ghost a model unsure of the motion
-    draws), ``none``; several joined by ``+`` apply left to right (``late:1+blur:2``).
+    draws), ``warp:K`` (wrist frames only: the frame K chunks earlier, warped by the camera's
+    motion since then onto the table plane, ``camera.wrist_warp``; needs the real ``proprio``
+    (E, T, P)), ``none``; several joined by ``+`` apply left to right (``late:1+blur:2``).
     ``images``: (E, T, 3, H, W) frames in [-1, 1] (kept in range); else any (E, T, ...), where
     blur and shift mean nothing."""
     if "+" in how:
         for part in how.split("+"):
-            x = perturb(x, part, seed, images)
+            x = perturb(x, part, seed, images, proprio)
         return x
     kind, _, arg = how.partition(":")
     if kind == "none":
         return x
+    if kind == "warp":
+        if not images or proprio is None:
+            raise ValueError(f"{how!r}: warp is for the wrist view (it reads the proprio to move the camera)")
+        from wmrl.worldmodel.camera import wrist_warp
+
+        k = int(arg)
+        before = perturb(proprio, f"late:{k}", images=False)
+        return wrist_warp(perturb(x, f"late:{k}").flatten(0, 1), before.flatten(0, 1),
+                          proprio.flatten(0, 1)).view(x.shape).clamp(-1, 1).to(x.dtype)
     if kind == "late":
         k = int(arg)
         return torch.cat([x[:, :1].expand(-1, k, *x.shape[2:]), x[:, :-k]], dim=1)[:, :x.shape[1]]
@@ -147,7 +159,7 @@ def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True) -> to
     elif kind in ("blur", "shift"):
         raise ValueError(f"{how!r}: blur and shift are for camera views; the proprio takes noise:S, late:K, blend:W")
     else:
-        raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W or none, "
+        raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W, warp:K or none, "
                          "joined by +")
     return (out.clamp(-1, 1) if images else out).to(x.dtype)
 
@@ -169,7 +181,8 @@ def perturbed(roll: dict, part: str, how: str, seed: int = 0) -> dict:
     spread over the episodes (its std at their boundaries), so one S means as much for every dimension."""
     real_p = roll["proprio"]["real"]
     if part != "proprio":
-        return {**roll, "imagined": {**roll["real"], part: perturb(roll["real"][part], how, seed)},
+        frames = perturb(roll["real"][part], how, seed, proprio=real_p if part == "wrist" else None)
+        return {**roll, "imagined": {**roll["real"], part: frames},
                 "proprio": {**roll["proprio"], "imagined": real_p}}
     rows = real_p[roll["valid"]]
     mean, std = rows.mean(0), rows.std(0).clamp_min(1e-6)

@@ -1,4 +1,5 @@
-"""Where the end effector appears in the main camera: LIBERO-Spatial's fixed agentview camera.
+"""The two cameras' geometry: where the end effector appears in the main camera (LIBERO-Spatial's
+fixed agentview camera), and how the wrist camera's view of the table moves with the arm.
 
 The main-view world model draws the end effector's position now and at the chunk's end (the
 latter from its own proprio head, i.e. from the actions) as two Gaussian blobs and reads them
@@ -14,6 +15,8 @@ live simulator). Kept as a constant because the world-model side does not instal
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -46,3 +49,74 @@ def blobs(uv: torch.Tensor, height: int, width: int, std: float = BLOB_STD) -> t
     du = cols[None, None, None, :] - uv[..., 0, None, None]
     dv = rows[None, None, :, None] - uv[..., 1, None, None]
     return 2 * torch.exp(-(du**2 + dv**2) / (2 * std**2)) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrist camera (robot0_eye_in_hand) rides the end effector: its pose in the end effector's
+# frame is fixed (read from the live simulator; ``tests/sim`` checks it), so the proprio (end
+# effector position and axis-angle) says where it looks. Over a chunk it mostly sees the table
+# and the objects on it move as the arm moves; warping the frame of the chunk's start onto the
+# table plane as seen from the end pose draws that motion with no learning at all
+# (``wrist_warp``). On the policy's own episodes it brings the frame one chunk late from 17.8 to
+# 20.0 dB against the real one (bench/RESULTS.md, "The wrist camera's motion by geometry").
+
+WRIST_IN_EEF_POSITION = (0.0, 0.05, -0.097)  # metres, in the end effector's frame
+WRIST_IN_EEF_ROTATION = ((-1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, -1.0))
+WRIST_FOVY_DEGREES = 75.0
+TABLE_HEIGHT = 0.9  # world z of LIBERO-Spatial's table top (table_collision: 0.875 + 0.025)
+# The fingers fill the bottom of the wrist frame and move with the camera: those rows are kept
+# as they are, not warped onto the table (measured: the bottom 25% at 128 px).
+WRIST_GRIPPER_ROWS = 0.25
+
+
+def axis_angle_to_matrix(aa: torch.Tensor) -> torch.Tensor:
+    """(..., 3) axis-angle (the proprio's orientation) -> (..., 3, 3) rotation (Rodrigues)."""
+    angle = aa.norm(dim=-1, keepdim=True).clamp_min(1e-9)
+    k = aa / angle
+    zero = torch.zeros_like(k[..., 0])
+    cross = torch.stack([zero, -k[..., 2], k[..., 1], k[..., 2], zero, -k[..., 0], -k[..., 1], k[..., 0], zero],
+                        dim=-1).view(*k.shape[:-1], 3, 3)
+    angle = angle[..., None]
+    eye = torch.eye(3, dtype=aa.dtype, device=aa.device)
+    return eye + torch.sin(angle) * cross + (1 - torch.cos(angle)) * cross @ cross
+
+
+def wrist_camera_pose(proprio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) raw proprio -> the wrist camera's (B, 3, 3) rotation (camera to world; MuJoCo's
+    camera axes: x right, y up, looking along -z) and (B, 3) position in the world."""
+    p = proprio.float()
+    eef = axis_angle_to_matrix(p[:, 3:6])
+    rotation = torch.tensor(WRIST_IN_EEF_ROTATION, device=p.device)
+    position = torch.tensor(WRIST_IN_EEF_POSITION, device=p.device)
+    return eef @ rotation, p[:, :3] + eef @ position
+
+
+def wrist_warp(frames: torch.Tensor, proprio_from: torch.Tensor, proprio_to: torch.Tensor,
+               plane: float = TABLE_HEIGHT) -> torch.Tensor:
+    """(B, C, H, W) wrist frames taken at ``proprio_from`` -> as the camera at ``proprio_to``
+    would see them if everything lay on the table plane (raw proprio, (B, P)). Each pixel of the
+    new view casts its ray onto the plane and reads the old frame where that point was; the
+    gripper's rows are kept. Objects standing on the table come out a little displaced, what a
+    network given this frame has left to correct. Frames keep their range and dtype."""
+    b, _, h, w = frames.shape
+    rot_from, pos_from = wrist_camera_pose(proprio_from)
+    rot_to, pos_to = wrist_camera_pose(proprio_to)
+    focal = 0.5 * h / math.tan(math.radians(WRIST_FOVY_DEGREES) / 2)  # pixels (square pixels)
+    rows = torch.arange(h, device=frames.device, dtype=torch.float32) + 0.5
+    cols = torch.arange(w, device=frames.device, dtype=torch.float32) + 0.5
+    row, col = torch.meshgrid(rows, cols, indexing="ij")
+    # the kit's upright frames are MuJoCo's buffer turned by 180 degrees: column grows to -x, row to -y
+    ray = torch.stack([-(col - w / 2) / focal, -(row - h / 2) / focal, -torch.ones_like(row)], dim=-1)
+    ray = torch.einsum("bij,hwj->bhwi", rot_to, ray)
+    depth = (plane - pos_to[:, None, None, 2]) / ray[..., 2]
+    point = pos_to[:, None, None] + depth[..., None] * ray  # where each ray meets the table
+    seen = torch.einsum("bji,bhwj->bhwi", rot_from, point - pos_from[:, None, None])
+    ahead = -seen[..., 2]
+    u = w / 2 - focal * seen[..., 0] / ahead.clamp_min(1e-6)
+    v = h / 2 - focal * seen[..., 1] / ahead.clamp_min(1e-6)
+    grid = torch.stack([2 * u / w - 1, 2 * v / h - 1], dim=-1)
+    grid = torch.where(((depth > 0) & (ahead > 0))[..., None], grid, torch.full_like(grid, 2.0))
+    out = torch.nn.functional.grid_sample(frames.float(), grid, align_corners=False, padding_mode="border")
+    keep = h - int(round(WRIST_GRIPPER_ROWS * h))
+    out[..., keep:, :] = frames[..., keep:, :].float()
+    return out.to(frames.dtype)

@@ -106,6 +106,30 @@ def read_episode(group, chunk: int, source: str, key: str, file_sha256: str = ""
         policy=str(group.attrs.get("policy_id", "")))
 
 
+def episodes_under(data: Path, chunk: int, limit: int, source: str = "recorded") -> list[Episode]:
+    """Up to ``limit`` episodes of the HDF5 files under ``data`` (no manifest: a folder ``make
+    collect`` wrote), one task after another in turn (the first episode of every file, then the
+    second, ...) so a few cover every task."""
+    import h5py
+
+    from wmrl.config import ConfigError
+
+    files = sorted(Path(data).rglob("*.hdf5"))
+    if not files:
+        raise ConfigError(f"no .hdf5 files under {data}: record some first (make collect RUN=...)")
+    per_file = []
+    for path in files:
+        with h5py.File(path, "r") as h:
+            eps = [read_episode(h["data"][k], chunk, source, f"{path.name}:{k}") for k in sorted(h["data"])]
+        per_file.append([e for e in eps if e is not None])
+    if not any(per_file):
+        raise ConfigError(f"the files under {data} hold no episode of two chunks or more")
+    out = []
+    for i in range(max(map(len, per_file))):
+        out += [eps[i] for eps in per_file if i < len(eps)]
+    return out[:limit]
+
+
 def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0, validate: bool = False,
                phases: bool = False) -> tuple[dict, list[Episode], list[Episode]]:
     """The manifest (every file's hash checked first) and its training / validation episodes,

@@ -6,6 +6,7 @@ and predicts the proprio there::
 
     noisy next frame (3 ch) ++ context frames (3 x context ch) [++ main view's frame]
         [++ end effector now and after the chunk, drawn as blobs (2 ch, ``pose_maps``)]
+        [++ the wrist frame warped by the camera's motion over the chunk (3 ch, ``wrist_warp``)]
         [--> p x p patches folded into channels (``patch``)]
         --> U-Net with adaptive GroupNorm, conditioned on (noise level, actions, proprio)
         [--> patches unfolded; a full-resolution head over them, the noisy input and the
@@ -173,7 +174,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         if cfg.context_noise > 0:  # only then: models trained without it keep their parameter names
             self.context_noise_emb = nn.Sequential(nn.Linear(1, c), nn.SiLU(), nn.Linear(c, c))
         pp = cfg.patch * cfg.patch  # space-to-depth: each p x p patch of 3 channels becomes 3 p^2 channels
-        maps = 2 if cfg.pose_maps else 0
+        maps = (2 if cfg.pose_maps else 0) + (3 if cfg.wrist_warp else 0)
         self.unet = UNet((3 * (1 + cfg.input_frames) + maps) * pp, 3 * pp, cfg.channels, cfg.blocks_per_level, c)
         if cfg.refine > 0:  # only then: models trained without it keep their parameter names
             self.refine_head = nn.Sequential(nn.Conv2d(9, cfg.refine, 3, padding=1), nn.SiLU(),
@@ -236,6 +237,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
         if self.cfg.pose_maps:
             x = torch.cat([x, self.pose_maps(actions, proprio, *x.shape[-2:]).to(dt)], dim=1)
+        if self.cfg.wrist_warp:
+            x = torch.cat([x, self.warped_frame(frames, actions, proprio, no_actions).to(dt)], dim=1)
         if self.cfg.patch > 1:
             x = F.pixel_unshuffle(x, self.cfg.patch)
         if self.channels_last:
@@ -269,6 +272,19 @@ class FrameWorldModel(Pretrained, nn.Module):
         mean, std = self.proprio_mean.float(), self.proprio_std.float()
         points = torch.stack([proprio.float() * std + mean, end.float() * std + mean])[..., :3]  # (2, B, 3)
         return camera.blobs(camera.project(points).transpose(0, 1), height, width)
+
+    def warped_frame(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
+                     no_actions: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, 3, H, W): the current wrist frame as the camera would see the table at the chunk's
+        end (``camera.wrist_warp``), the end pose from the proprio head (detached, as ``pose_maps``),
+        so at imagination time it follows the policy's actions. A sample without its actions
+        (``no_actions``, guidance's null) gets the frame unwarped: the null must not see the motion."""
+        with torch.no_grad():
+            end = self.next_proprio(actions, proprio).float()
+            if no_actions is not None:
+                end = torch.where(no_actions[:, None], proprio.float(), end)
+            mean, std = self.proprio_mean.float(), self.proprio_std.float()
+            return camera.wrist_warp(self.current_frame(frames).float(), proprio.float() * std + mean, end * std + mean)
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Normalised proprio after the chunk (a residual on the current one)."""
