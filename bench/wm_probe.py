@@ -34,7 +34,8 @@ with ``WorldModelConfig.action_dropout``; such a model is evaluated again at the
 guidance at each of ``--guidance`` (its action response too). ``--main-at-end`` (wrist view) trains
 with ``WorldModelConfig.main_at_chunk_end``: the wrist model sees the main frame at the chunk's
 end instead of its start; here the real one, so its open loop is an upper bound (imagination feeds
-it the main model's frame).
+it the main model's frame). ``--wrist-warp`` (wrist view) trains with ``WorldModelConfig.wrist_warp``:
+the current frame warped by the camera's motion over the chunk as three more input channels.
 
 ``--ema BETA`` also keeps an exponential moving average of the weights (the decay ramps up as
 ``(1 + n) / (10 + n)`` until it reaches BETA) and evaluates it beside the raw weights at every
@@ -220,7 +221,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     returns its curve and the trained model."""
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist",
-                           main_at_chunk_end=a.main_at_end,
+                           main_at_chunk_end=a.main_at_end, wrist_warp=a.wrist_warp,
                            context=a.context, **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
@@ -231,7 +232,8 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     name = prefix + f"{','.join(map(str, channels))}x{blocks}" + (f"@{noise}" if noise else "") \
         + (f"/r{cfg.sigma_data}" if cfg.residual else "") + (f"~{cfg.motion_weight:g}" if cfg.motion_weight else "") \
         + (f"&{cfg.action_history}" if cfg.action_history else "") + ("^" if cfg.pose_maps else "") \
-        + (f"%{cfg.action_dropout:g}" if cfg.action_dropout else "") + (">" if cfg.main_at_chunk_end else "")
+        + (f"%{cfg.action_dropout:g}" if cfg.action_dropout else "") + (">" if cfg.main_at_chunk_end else "") \
+        + ("=" if cfg.wrist_warp else "")
     flops = flops_per_sample(model, cfg, a.device)
     print(f"== {name}: {sum(p.numel() for p in model.parameters()):,} parameters, {flops / 1e9:.1f} GFLOP per training "
           "sample (forward + backward)", flush=True)
@@ -342,6 +344,9 @@ def main() -> None:
     p.add_argument("--main-at-end", action="store_true",
                    help="WorldModelConfig.main_at_chunk_end for every --arch (wrist view; its name ends in '>'): the "
                         "main frame of the chunk's end as input, here the real one (imagination gives the main model's)")
+    p.add_argument("--wrist-warp", action="store_true",
+                   help="WorldModelConfig.wrist_warp for every --arch (wrist view; its name ends in '='): its frame warped "
+                        "by the camera's motion over the chunk (to the proprio head's end pose) as input")
     p.add_argument("--action-history", type=int, default=0,
                    help="WorldModelConfig.action_history of an --arch without &N: past chunks of actions it reads")
     p.add_argument("--action-dropout", type=float, default=0.0,
