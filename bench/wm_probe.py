@@ -93,8 +93,10 @@ def parse_arch(text: str, a) -> dict:
     on 4 x 4 pixel patches ``p4:128,256,256x1``, with a 32-channel full-resolution head
     ``p4+32:128,256,256x1``; generating the change from the current frame with sigma_data 0.13
     ``32,64,128,256x1/r0.13``; moving pixels weighing 10x in the loss ``p4+32:128,256,256x1~9``.
-    Without ``@``: --context-noise; without ``~``: --motion-weight."""
-    text, _, drop = text.partition("%")
+    Without ``@``: --context-noise; without ``~``: --motion-weight. A final ``=``: the wrist warp
+    (``WorldModelConfig.wrist_warp``), for one arch what ``--wrist-warp`` is for all."""
+    warp = text.endswith("=")
+    text, _, drop = text.removesuffix("=").partition("%")
     pose = text.endswith("^")
     text, _, history = text.removesuffix("^").partition("&")
     patch, _, rest = text.rpartition(":")
@@ -111,7 +113,7 @@ def parse_arch(text: str, a) -> dict:
                 "residual": bool(res), **({"sigma_data": float(res[1:])} if res else {}),
                 "motion_weight": float(motion or a.motion_weight), "pose_maps": pose or a.pose_maps,
                 "action_history": int(history or a.action_history),
-                "action_dropout": float(drop or a.action_dropout)}
+                "action_dropout": float(drop or a.action_dropout), "wrist_warp": warp or a.wrist_warp}
     except ValueError:
         raise SystemExit(f"--arch {text!r}: write the patch (optional), widths, blocks per level, the context noise "
                          "and the residual's sigma_data (both optional), e.g. 32,64,128,256x1, 32,64,128,256x1@0.3, "
@@ -221,7 +223,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     returns its curve and the trained model."""
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist",
-                           main_at_chunk_end=a.main_at_end, wrist_warp=a.wrist_warp,
+                           main_at_chunk_end=a.main_at_end,
                            context=a.context, **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
