@@ -409,6 +409,16 @@ def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_cam
     assert all(not p.grad.any() for p in model.proprio_head.parameters())
     model.zero_grad()
     assert _fits_one_batch(model, b)
+    # residual: the change is generated from the warp, in training and in sampling alike
+    res = FrameWorldModel(override(cfg, residual=True))
+    res.load_state_dict(model.state_dict())
+    warped = model.warped_frame(b["frames"], b["actions"], b["proprio"])  # the proprio head has trained since
+    torch.testing.assert_close(res.anchor(b["frames"], b["actions"], b["proprio"]), warped)
+    with torch.no_grad():
+        res.unet.out.weight.zero_()
+        res.unet.out.bias.zero_()
+    zero = torch.zeros_like(warped)  # no noise and a network that adds nothing: the warp itself comes out
+    torch.testing.assert_close(res.sample(zero, b["frames"], b["actions"], b["proprio"], 3), warped)
     with pytest.raises(ConfigError, match="wrist_warp"):
         override(TINY.main, wrist_warp=True)
 

@@ -238,7 +238,7 @@ def dmd_loss(x, b, teacher, critic, g: torch.Generator):
     """Stage 3's student loss on frames ``x`` (with gradients): DMD2's distribution matching
     between the teacher (real score) and the critic (fake score) at one EDM noise level."""
     cfg = teacher.cfg
-    y = x - teacher.current_frame(b["frames"]).float() if cfg.residual else x  # the denoiser's data space
+    y = x - teacher.anchor(b["frames"], b["actions"], b["proprio"]) if cfg.residual else x  # the denoiser's data space
     n = y.shape[0]
     with torch.no_grad():
         sigma = torch.exp(cfg.p_mean + cfg.p_std * torch.randn(n, generator=g)).clamp(cfg.sigma_min, cfg.sigma_max)

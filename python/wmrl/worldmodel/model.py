@@ -303,8 +303,8 @@ class FrameWorldModel(Pretrained, nn.Module):
         pixel_weight = 1.0
         if cfg.motion_weight > 0:  # before the target becomes a residual or the context is noised
             pixel_weight = 1 + cfg.motion_weight * moving_pixels(target, self.current_frame(frames)).float()
-        if cfg.residual:  # the denoiser's data: the change from the (clean) current frame
-            target = target - self.current_frame(frames).float()
+        if cfg.residual:  # the denoiser's data: the change from the (clean) current frame, or its warp
+            target = target - self.anchor(frames, actions, proprio)
         if cfg.context_noise > 0:
             level = cfg.context_noise * torch.rand(b, device=target.device)
             frames = frames.float() + level[:, None, None, None, None] * torch.randn(frames.shape, device=frames.device)
@@ -320,7 +320,8 @@ class FrameWorldModel(Pretrained, nn.Module):
 
     def current_frame(self, frames: torch.Tensor) -> torch.Tensor:
         """The view's own latest frame among the conditioning frames (B, 3, H, W): the anchor
-        of ``residual`` (frames are history oldest first, then the main view for the wrist model)."""
+        of ``residual`` without ``wrist_warp`` (frames are history oldest first, then the main view
+        for the wrist model)."""
         return frames[:, self.cfg.context - 1]
 
     def sigmas(self, steps: int, device) -> torch.Tensor:
@@ -354,4 +355,13 @@ class FrameWorldModel(Pretrained, nn.Module):
         for i in range(steps):
             d = self.guided_denoise(x, sig[i].expand(b), frames, actions, proprio)
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
-        return x + self.current_frame(frames).float() if self.cfg.residual else x
+        return x + self.anchor(frames, actions, proprio) if self.cfg.residual else x
+
+    def anchor(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """What ``residual`` generates the change from (B, 3, H, W), float32: the current frame, or
+        with ``wrist_warp`` that frame warped to the chunk's end pose, so the model starts from
+        the camera's motion and learns what the table plane misses (objects above it, the fingers).
+        The same for guidance's two branches (their outputs must live in one space)."""
+        if self.cfg.wrist_warp:
+            return self.warped_frame(frames, actions, proprio)
+        return self.current_frame(frames).float()
