@@ -52,7 +52,8 @@ def main(argv=None) -> dict:
                                                    "(the same action for the same input) or @T=<temperature>")
     p.add_argument("--data", type=Path, required=True, help="a folder of recorded episodes (make collect's RUN/collect)")
     p.add_argument("--view", default="wrist", choices=["main", "wrist", "proprio"],
-                   help="the input to corrupt (proprio: noise:S in each dimension's std, late:K, blend:W)")
+                   help="the input to corrupt (proprio: noise:S in each dimension's std, late:K, blend:W, turn:DEG: "
+                        "the orientation turned about a random axis)")
     p.add_argument("--corruptions", help="comma-separated: blur:S, noise:S, shift:P, late:K, blend:W, warp:K (wrist: "
                                          "the late frame warped by the camera's motion), none; several "
                                          f"joined by + (late:1+blur:2); default {DEFAULT} ({DEFAULT_PROPRIO} for the proprio)")
@@ -83,8 +84,11 @@ def main(argv=None) -> dict:
     images = a.view != "proprio"
     for how in corruptions:  # a typo fails here, before the policy loads
         try:
-            perturb(torch.zeros(1, 2, 3, 8, 8) if images else torch.zeros(1, 2, 8), how, images=images,
-                    proprio=torch.zeros(1, 2, 8) if a.view == "wrist" else None)
+            if images:
+                perturb(torch.zeros(1, 2, 3, 8, 8), how, proprio=torch.zeros(1, 2, 8) if a.view == "wrist" else None)
+            else:  # on a still proprio of one episode: turns, and the rest in spread units
+                perturbed({"real": {}, "valid": torch.ones(1, 2, dtype=torch.bool),
+                           "proprio": {"real": torch.zeros(1, 2, 8)}}, "proprio", how)
         except ValueError as e:
             raise ConfigError(f"--corruptions: {e}") from None
     spec = parse_policy(a.policy, a.run)

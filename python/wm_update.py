@@ -46,6 +46,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--wrist-warp", action="store_true", default=None,
                    help="the wrist model also reads its current frame warped by the camera's motion over the chunk "
                         "(WorldModelConfig.wrist_warp; default: the profile's)")
+    p.add_argument("--proprio-motion", action=argparse.BooleanOptionalAction, default=None,
+                   help="both views' proprio head predicts the chunk's motion (WorldModelConfig.proprio_motion; "
+                        "default: the profile's, on)")
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -63,7 +66,8 @@ def build(argv: list[str] | None = None):
     args = p.parse_args(argv)
     prof = get_profile(args.profile).wm
     # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
-    actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance}
+    actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance,
+               "proprio_motion": args.proprio_motion}
     prof = dataclasses.replace(prof, main=override(prof.main, **actions),
                                wrist=override(prof.wrist, **actions, main_at_chunk_end=args.wrist_main_at_end,
                                                          wrist_warp=args.wrist_warp))
@@ -118,6 +122,8 @@ def _passthrough(args) -> list[str]:
         out.append("--wrist-main-at-end")
     if getattr(args, "wrist_warp", None):
         out.append("--wrist-warp")
+    if getattr(args, "proprio_motion", None) is not None:
+        out.append("--proprio-motion" if args.proprio_motion else "--no-proprio-motion")
     if args.ds_config:
         out += ["--ds-config", args.ds_config]
     if args.init_pair:

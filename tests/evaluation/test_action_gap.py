@@ -130,7 +130,7 @@ def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run
     assert prop["rows"][0]["eef_error_mm"] == 0 and prop["rows"][0]["horizons"]["1"]["action_gap"] == 0.0
     with pytest.raises(ConfigError, match="blur and shift are for camera views"):
         bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--view", "proprio",
-                    "--corruptions", "blur:1"])
+                    "--corruptions", "turn:10,blur:1"])
     with pytest.raises(ConfigError, match="LABEL=PSNR,GAP"):
         bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--mark", "pair=15.7"])
     with pytest.raises(ConfigError, match="--corruptions"):
@@ -181,3 +181,12 @@ def test_the_proprio_corrupted_alone_in_its_own_spread():
     shifted = proprio.clone()
     shifted[..., 0] += 0.003
     assert abs(eef_error_mm(shifted, proprio, roll["valid"]) - 3.0) < 1e-3
+    # turn:DEG turns each orientation by DEG (the angle between them), position and gripper kept
+    from wmrl.worldmodel.rotation import relative_rotation
+
+    turned = perturbed(roll, "proprio", "turn:15")["proprio"]["imagined"]
+    angle = torch.rad2deg(relative_rotation(proprio[..., 3:6], turned[..., 3:6]).norm(dim=-1))
+    torch.testing.assert_close(angle, torch.full_like(angle, 15.0), atol=1e-2, rtol=0)
+    assert torch.equal(turned[..., :3], proprio[..., :3]) and torch.equal(turned[..., 6:], proprio[..., 6:])
+    with pytest.raises(ValueError, match="turn:DEG turns the proprio"):
+        perturbed(roll, "wrist", "turn:15")

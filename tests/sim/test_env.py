@@ -71,12 +71,14 @@ def test_main_camera_projection_is_the_live_agentview_and_lands_on_the_gripper(e
 
 
 def test_wrist_camera_pose_follows_the_proprio_and_its_warp_draws_the_motion(env0):
-    """``camera.wrist_camera_pose`` (kept as numbers: the world-model side has no LIBERO) is the
+    """``rotation.matrix_to_axis_angle`` writes the live end effector's orientation as the proprio
+    does; ``camera.wrist_camera_pose`` (kept as numbers: the world-model side has no LIBERO) is the
     live wrist camera's pose for the proprio, and warping a wrist frame by the camera's motion
     over a chunk (``camera.wrist_warp``) comes closer to the frame after it than holding it."""
     import torch
 
     from wmrl.worldmodel import camera
+    from wmrl.worldmodel.rotation import matrix_to_axis_angle
 
     sim = env0.raw.sim
     cam = sim.model.camera_name2id("robot0_eye_in_hand")
@@ -85,6 +87,10 @@ def test_wrist_camera_pose_follows_the_proprio_and_its_warp_draws_the_motion(env
     obs = env0.reset(init_index=0)
     frames, proprio = [obs.wrist], [obs.proprio]
     for move in ([0.6, 0.4, -0.3, 0, 0, 0, -1], [-0.5, 0.6, 0.0, 0, 0, 0.3, -1]):
+        # the world model writes orientations as the proprio does (robosuite's mat2quat, w >= 0)
+        site = env0.raw.robots[0].eef_site_id
+        live = torch.tensor(sim.data.site_xmat[site].reshape(3, 3), dtype=torch.float32)
+        np.testing.assert_allclose(matrix_to_axis_angle(live).numpy(), env0.proprio()[3:6], atol=1e-4)
         rotation, position = camera.wrist_camera_pose(torch.tensor(env0.proprio())[None])
         np.testing.assert_allclose(rotation[0].numpy(), sim.data.cam_xmat[cam].reshape(3, 3), atol=1e-4)
         np.testing.assert_allclose(position[0].numpy(), sim.data.cam_xpos[cam], atol=1e-4)

@@ -2,6 +2,7 @@
 (CPU, gloo) with resume and the seed's stop rule. Runs in .venv/wm."""
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -421,6 +422,44 @@ def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_cam
     torch.testing.assert_close(res.sample(zero, b["frames"], b["actions"], b["proprio"], 3), warped)
     with pytest.raises(ConfigError, match="wrist_warp"):
         override(TINY.main, wrist_warp=True)
+
+
+def test_proprio_motion_composes_the_chunks_motion_and_learns_across_the_flip():
+    """proprio_motion: the head's target is the chunk's motion (no jump where the axis-angle flips
+    near pi); a head that outputs exactly that motion gives the real next proprio; it learns."""
+    from wmrl.config import ConfigError, override
+    from wmrl.worldmodel import rotation
+
+    torch.manual_seed(0)
+    cfg = override(TINY.main, proprio_motion=True)
+    model = FrameWorldModel(cfg)
+    model.set_proprio_stats({"mean": torch.tensor([-0.1, 0.0, 1.1, 0.0, 0.0, 0.0, 0.02, -0.02]),
+                             "std": torch.tensor([0.1, 0.1, 0.1, 2.0, 1.0, 0.3, 0.01, 0.01])})
+    b = 64
+    before = torch.cat([torch.randn(b, 3) * 0.1 + torch.tensor([-0.1, 0.0, 1.1]),
+                        torch.tensor([[math.pi - 0.02, 0.0, 0.0]]) + 0.01 * torch.randn(b, 3), torch.full((b, 2), 0.02)], 1)
+    actions = torch.rand(b, cfg.action_chunks * cfg.chunk_size, cfg.action_dim) * 2 - 1
+    turn = 0.05 * actions[:, -1, 3:6]  # each sample turns by its last action: about half cross the flip
+    after = torch.cat([before[:, :3] + 0.02 * actions[:, -1, :3], rotation.turn(before[:, 3:6], turn), before[:, 6:]], 1)
+    assert ((after[:, 3:6] - before[:, 3:6]).abs().amax(1) > 3).sum() > 5  # the proprio's own jumps
+    norm = model.normalize_proprio
+    target = model.motion_target(norm(before), norm(after))
+    assert target.abs().max() < 3  # the motion in the head's units: no jump
+    with torch.no_grad():  # a head that says exactly the real motion gives the real next proprio
+        motion, raw = model.proprio_motion(actions, norm(before))
+    model.proprio_motion = lambda a, p: (target, raw)
+    torch.testing.assert_close(model.unnormalize_proprio(model.next_proprio(actions, norm(before))), after,
+                               atol=2e-4, rtol=0)
+    del model.proprio_motion
+    opt = torch.optim.Adam(model.proprio_head.parameters(), lr=3e-3)
+    first = model.proprio_loss(actions, norm(before), norm(after)).item()
+    for _ in range(200):
+        opt.zero_grad()
+        model.proprio_loss(actions, norm(before), norm(after)).backward()
+        opt.step()
+    assert model.proprio_loss(actions, norm(before), norm(after)).item() < 0.2 * first
+    with pytest.raises(ConfigError, match="proprio_motion"):
+        override(TINY.main, proprio_motion=True, proprio_dim=7)
 
 
 def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_imagination(trajectories):

@@ -136,6 +136,8 @@ def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True,
     kind, _, arg = how.partition(":")
     if kind == "none":
         return x
+    if kind == "turn":
+        raise ValueError(f"{how!r}: turn:DEG turns the proprio's orientation (view_sensitivity --view proprio)")
     if kind == "warp":
         if not images or proprio is None:
             raise ValueError(f"{how!r}: warp is for the wrist view (it reads the proprio to move the camera)")
@@ -159,8 +161,8 @@ def perturb(x: torch.Tensor, how: str, seed: int = 0, images: bool = True,
     elif kind in ("blur", "shift"):
         raise ValueError(f"{how!r}: blur and shift are for camera views; the proprio takes noise:S, late:K, blend:W")
     else:
-        raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W, warp:K or none, "
-                         "joined by +")
+        raise ValueError(f"unknown corruption {how!r}: blur:S, noise:S, shift:P, late:K, blend:W, warp:K, turn:DEG "
+                         "(proprio) or none, joined by +")
     return (out.clamp(-1, 1) if images else out).to(x.dtype)
 
 
@@ -186,8 +188,27 @@ def perturbed(roll: dict, part: str, how: str, seed: int = 0) -> dict:
                 "proprio": {**roll["proprio"], "imagined": real_p}}
     rows = real_p[roll["valid"]]
     mean, std = rows.mean(0), rows.std(0).clamp_min(1e-6)
-    own = perturb((real_p - mean) / std, how, seed, images=False) * std + mean
+    own = real_p
+    for part_how in how.split("+"):  # left to right; a turn in the raw orientation, the rest in spread units
+        if part_how.startswith("turn:"):
+            own = turned(own, float(part_how[5:]), seed)
+        else:
+            own = perturb((own - mean) / std, part_how, seed, images=False) * std + mean
     return {**roll, "imagined": dict(roll["real"]), "proprio": {**roll["proprio"], "imagined": own}}
+
+
+def turned(proprio: torch.Tensor, degrees: float, seed: int = 0) -> torch.Tensor:
+    """(..., 8) LIBERO proprio with each orientation turned by ``degrees`` about its own random
+    axis (seeded), written as the proprio writes it: what a world model's orientation error of
+    that size shows the policy (bench/view_sensitivity.py --view proprio --corruptions turn:15)."""
+    from wmrl.worldmodel.rotation import turn
+
+    g = torch.Generator().manual_seed(seed)
+    axis = torch.randn(*proprio.shape[:-1], 3, generator=g)
+    delta = axis / axis.norm(dim=-1, keepdim=True) * torch.deg2rad(torch.tensor(degrees))
+    flat = proprio.reshape(-1, proprio.shape[-1]).float()
+    out = torch.cat([flat[:, :3], turn(flat[:, 3:6], delta.reshape(-1, 3)), flat[:, 6:]], dim=1)
+    return out.view(proprio.shape).to(proprio.dtype)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:

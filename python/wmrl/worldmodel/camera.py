@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from wmrl.worldmodel.rotation import axis_angle_to_matrix
+
 # world (x, y, z, 1) -> (u * w, v * w, w); u = column / width, v = row / height of the upright image
 AGENTVIEW_PROJECTION = (
     (-0.3889992096, 1.2071067051, -0.3141334088, 0.7620647468),
@@ -67,18 +69,6 @@ TABLE_HEIGHT = 0.9  # world z of LIBERO-Spatial's table top (table_collision: 0.
 # The fingers fill the bottom of the wrist frame and move with the camera: those rows are kept
 # as they are, not warped onto the table (measured: the bottom 25% at 128 px).
 WRIST_GRIPPER_ROWS = 0.25
-
-
-def axis_angle_to_matrix(aa: torch.Tensor) -> torch.Tensor:
-    """(..., 3) axis-angle (the proprio's orientation) -> (..., 3, 3) rotation (Rodrigues)."""
-    angle = aa.norm(dim=-1, keepdim=True).clamp_min(1e-9)
-    k = aa / angle
-    zero = torch.zeros_like(k[..., 0])
-    cross = torch.stack([zero, -k[..., 2], k[..., 1], k[..., 2], zero, -k[..., 0], -k[..., 1], k[..., 0], zero],
-                        dim=-1).view(*k.shape[:-1], 3, 3)
-    angle = angle[..., None]
-    eye = torch.eye(3, dtype=aa.dtype, device=aa.device)
-    return eye + torch.sin(angle) * cross + (1 - torch.cos(angle)) * cross @ cross
 
 
 def wrist_camera_pose(proprio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

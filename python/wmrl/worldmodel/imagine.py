@@ -83,5 +83,18 @@ class Imagination:
             self.history[view] = self.history[view][-max(m.cfg.context for m in self.models.values()):]
         keep = max(m.cfg.action_history for m in self.models.values())
         self.past_actions = (self.past_actions + [actions])[-keep:] if keep else []
-        self.proprio = torch.stack(nexts).mean(0)
+        self.proprio = mean_proprio(nexts)
         return frames["main"], frames["wrist"], self.proprio
+
+
+def mean_proprio(proprios: list[torch.Tensor]) -> torch.Tensor:
+    """The two models' next proprio (B, P) raw, averaged: LIBERO's (position, axis-angle,
+    gripper) with the orientations averaged as rotations (``rotation.mean_orientation``: two
+    predictions on either side of the axis-angle's flip near pi would average to a vector near
+    zero, a half turn off); any other layout element by element."""
+    mean = torch.stack(proprios).mean(0)
+    if mean.shape[-1] == 8:
+        from wmrl.worldmodel.rotation import mean_orientation
+
+        mean = torch.cat([mean[:, :3], mean_orientation([p[:, 3:6] for p in proprios]), mean[:, 6:]], dim=1)
+    return mean

@@ -12,7 +12,8 @@ and predicts the proprio there::
         [--> patches unfolded; a full-resolution head over them, the noisy input and the
              current frame (``refine``)]
         --> denoised next frame            (EDM preconditioning, DIAMOND's recipe)
-    proprio, actions --> MLP --> next proprio (normalised delta)
+    proprio, actions --> MLP --> next proprio (normalised delta; with ``proprio_motion``: the
+                                  chunk's motion, composed with the pose, ``wmrl.worldmodel.rotation``)
 
 Images live in [-1, 1] (uint8 / 127.5 - 1). EDM (Karras et al. 2022): the network F is
 wrapped as ``D(x; sigma) = c_skip x + c_out F(c_in x; c_noise)``, trained on log-normal noise
@@ -32,10 +33,14 @@ from torch import nn
 
 from wmrl.config import WorldModelConfig
 from wmrl.pretrained import Pretrained
-from wmrl.worldmodel import camera
+from wmrl.worldmodel import camera, rotation
 
 # A pixel "moves" over a chunk when a channel changes by more than this (frames in [-1, 1]).
 MOVING = 0.1
+# ``proprio_motion``: the head's outputs in these units (a chunk moves the end effector ~5 cm and
+# turns it ~0.1 rad in the policy's episodes), so its targets are of order one
+MOTION_POSITION_M = 0.05
+MOTION_TURN_RAD = 0.1
 
 
 def moving_pixels(target: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -182,7 +187,8 @@ class FrameWorldModel(Pretrained, nn.Module):
             nn.init.zeros_(self.refine_head[-1].weight)
             nn.init.zeros_(self.refine_head[-1].bias)
         h = cfg.proprio_hidden
-        self.proprio_head = nn.Sequential(nn.Linear(act + cfg.proprio_dim, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
+        pose = 3 + 9 + 2 if cfg.proprio_motion else cfg.proprio_dim  # position, rotation matrix, gripper
+        self.proprio_head = nn.Sequential(nn.Linear(act + pose, h), nn.SiLU(), nn.Linear(h, h), nn.SiLU(),
                                           nn.Linear(h, cfg.proprio_dim))
 
     channels_last = False  # a runtime layout choice, not part of the saved config
@@ -287,10 +293,42 @@ class FrameWorldModel(Pretrained, nn.Module):
             return camera.wrist_warp(self.current_frame(frames).float(), proprio.float() * std + mean, end * std + mean)
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
-        """Normalised proprio after the chunk (a residual on the current one)."""
+        """Normalised proprio after the chunk: a residual on the current one, or with
+        ``proprio_motion`` the current pose moved by the predicted motion (``proprio_motion``)."""
         dt = self.unet.stem.weight.dtype
-        actions, proprio = actions.to(dt), proprio.to(dt)
-        return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1))
+        if not self.cfg.proprio_motion:
+            actions, proprio = actions.to(dt), proprio.to(dt)
+            return proprio + self.proprio_head(torch.cat([actions.flatten(1), proprio], dim=1))
+        motion, raw = self.proprio_motion(actions, proprio)
+        position = raw[:, :3] + MOTION_POSITION_M * motion[:, :3]
+        orientation = rotation.turn(raw[:, 3:6], MOTION_TURN_RAD * motion[:, 3:6])
+        gripper = raw[:, 6:] + motion[:, 6:] * self.proprio_std[6:].float()
+        return self.normalize_proprio(torch.cat([position, orientation, gripper], dim=1).float())
+
+    def proprio_motion(self, actions: torch.Tensor, proprio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``proprio_motion``'s head: (B, 8) the chunk's motion in its units (position change /
+        MOTION_POSITION_M, turn in the end effector's frame / MOTION_TURN_RAD, gripper change in
+        the gripper's normalised units), float32; and the raw current proprio it moves. The head
+        reads the pose without the axis-angle's jump: position, rotation matrix, gripper."""
+        dt = self.unet.stem.weight.dtype
+        raw = self.unnormalize_proprio(proprio.float())
+        pose = torch.cat([proprio[:, :3].float(), rotation.axis_angle_to_matrix(raw[:, 3:6]).flatten(1),
+                          proprio[:, 6:].float()], dim=1)
+        return self.proprio_head(torch.cat([actions.flatten(1).to(dt), pose.to(dt)], dim=1)).float(), raw
+
+    def proprio_loss(self, actions: torch.Tensor, proprio: torch.Tensor, next_proprio: torch.Tensor) -> torch.Tensor:
+        """The proprio head's MSE: on the next normalised proprio, or with ``proprio_motion`` on the
+        chunk's motion (a target with no jump where the axis-angle flips)."""
+        if self.cfg.proprio_motion:
+            return F.mse_loss(self.proprio_motion(actions, proprio)[0], self.motion_target(proprio, next_proprio))
+        return F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
+
+    def motion_target(self, proprio: torch.Tensor, next_proprio: torch.Tensor) -> torch.Tensor:
+        """The real chunk's motion in ``proprio_motion``'s units, from normalised proprio before and after."""
+        now, after = self.unnormalize_proprio(proprio.float()), self.unnormalize_proprio(next_proprio.float())
+        return torch.cat([(after[:, :3] - now[:, :3]) / MOTION_POSITION_M,
+                          rotation.relative_rotation(now[:, 3:6], after[:, 3:6]) / MOTION_TURN_RAD,
+                          next_proprio[:, 6:].float() - proprio[:, 6:].float()], dim=1)
 
     def loss(self, target: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
              next_proprio: torch.Tensor, proprio_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
@@ -314,7 +352,7 @@ class FrameWorldModel(Pretrained, nn.Module):
         denoised = self.denoise(noisy, sigma, frames, actions, proprio, level, no_actions=drop).float()
         weight = (sigma**2 + cfg.sigma_data**2) / (sigma * cfg.sigma_data) ** 2  # unit-variance targets (EDM)
         frame_loss = (weight[:, None, None, None] * pixel_weight * (denoised - target) ** 2).mean()
-        proprio_loss = F.mse_loss(self.next_proprio(actions, proprio).float(), next_proprio.float())
+        proprio_loss = self.proprio_loss(actions, proprio, next_proprio)
         total = frame_loss + proprio_weight * proprio_loss
         return total, {"frame_loss": frame_loss.detach(), "proprio_loss": proprio_loss.detach()}
 
