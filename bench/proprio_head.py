@@ -46,16 +46,18 @@ def transitions(episodes: list, chunk: int):
     return torch.cat(before), torch.cat(acts), torch.cat(after)
 
 
-def errors(pred, real) -> tuple[float, float, float]:
-    """Mean position error (mm), orientation error (deg) and axis-angle component error (rad)."""
+def errors(pred, real) -> dict:
+    """Mean position error (mm); orientation error (deg: mean, median, share above 20 deg, where a
+    few flips would hide in a mean); the axis-angle's largest component error (rad, mean)."""
     import torch
 
-    from wmrl.worldmodel.rotation import axis_angle_to_matrix, matrix_to_axis_angle
+    from wmrl.worldmodel.rotation import relative_rotation
 
-    pos = 1000 * float((pred[:, :3] - real[:, :3]).norm(dim=-1).mean())
-    turn = matrix_to_axis_angle(axis_angle_to_matrix(pred[:, 3:6]).transpose(-1, -2) @ axis_angle_to_matrix(real[:, 3:6]))
-    deg = float(torch.rad2deg(turn.norm(dim=-1)).mean())
-    return pos, deg, float((pred[:, 3:6] - real[:, 3:6]).abs().max(dim=-1).values.mean())
+    deg = torch.rad2deg(relative_rotation(pred[:, 3:6], real[:, 3:6]).norm(dim=-1))
+    return {"position_mm": round(1000 * float((pred[:, :3] - real[:, :3]).norm(dim=-1).mean()), 1),
+            "orientation_deg": round(float(deg.mean()), 2), "orientation_deg_median": round(float(deg.median()), 2),
+            "over_20_deg": round(float((deg > 20).float().mean()), 3),
+            "axis_angle_error": round(float((pred[:, 3:6] - real[:, 3:6]).abs().max(dim=-1).values.mean()), 3)}
 
 
 def train_head(model, data, steps: int, batch: int, lr: float, seed: int) -> float:
@@ -94,9 +96,7 @@ def open_loop(model, episodes: list, horizon: int) -> dict:
                 nxt = model.next_proprio(torch.cat([prev, a], dim=1), model.normalize_proprio(p))
                 p, prev = model.unnormalize_proprio(nxt.float()), a
             real = torch.stack([torch.as_tensor(e.proprio[h], dtype=torch.float32) for e in eps])
-            pos, deg, comp = errors(p, real)
-            out[str(h)] = {"episodes": len(eps), "position_mm": round(pos, 1), "orientation_deg": round(deg, 2),
-                           "axis_angle_error": round(comp, 3)}
+            out[str(h)] = {"episodes": len(eps), **errors(p, real)}
     return out
 
 
@@ -146,16 +146,17 @@ def main(argv=None) -> dict:
                 loss = train_head(model, tr, a.steps, a.batch, a.lr, seed)
                 with torch.no_grad():
                     pred = model.unnormalize_proprio(model.next_proprio(va[1], model.normalize_proprio(va[0])).float())
-                pos, deg, comp = errors(pred, va[2])
+                one = errors(pred, va[2])
                 row = {"data": str(data), "seed": seed, "head": "motion" if motion else "residual",
                        "train_episodes": len(train), "held_out_episodes": len(val), "final_loss": round(loss, 4),
-                       "one_chunk": {"position_mm": round(pos, 1), "orientation_deg": round(deg, 2),
-                                     "axis_angle_error": round(comp, 3)},
-                       "open_loop": open_loop(model, val, max(HORIZONS)), "seconds": round(time.perf_counter() - t0, 1)}
+                       "one_chunk": one, "open_loop": open_loop(model, val, max(HORIZONS)),
+                       "seconds": round(time.perf_counter() - t0, 1)}
                 results.append(row)
-                print(f"[proprio_head] {data.name} seed {seed} {row['head']}: one chunk {pos:.1f} mm, {deg:.2f} deg; "
-                      "open loop " + ", ".join(f"{h}: {v['position_mm']} mm {v['orientation_deg']} deg"
-                                               for h, v in row["open_loop"].items()), flush=True)
+                print(f"[proprio_head] {data.name} seed {seed} {row['head']}: one chunk {one['position_mm']} mm, "
+                      f"{one['orientation_deg']} deg (median {one['orientation_deg_median']}, "
+                      f"{one['over_20_deg']:.0%} over 20); open loop "
+                      + ", ".join(f"{h}: {v['position_mm']} mm {v['orientation_deg']} deg (median {v['orientation_deg_median']})"
+                                  for h, v in row["open_loop"].items()), flush=True)
     result = {"rows": results, "steps": a.steps, "batch": a.batch, "lr": a.lr,
               "machine": {"host": platform.node(), "torch": torch.__version__}}
     if a.json:

@@ -223,7 +223,7 @@ def probe(arch, tr, va, val_eps, norm, held, a) -> tuple[dict, FrameWorldModel]:
     returns its curve and the trained model."""
     torch.manual_seed(a.seed)
     cfg = WorldModelConfig(view=a.view, image_size=a.size, cond_dim=a.cond_dim, condition_on_main=a.view == "wrist",
-                           main_at_chunk_end=a.main_at_end,
+                           main_at_chunk_end=a.main_at_end, proprio_motion=a.proprio_motion,
                            context=a.context, **arch)
     channels, blocks, noise, patch = cfg.channels, cfg.blocks_per_level, cfg.context_noise, cfg.patch
     model = FrameWorldModel(cfg).to(a.device)
@@ -346,6 +346,9 @@ def main() -> None:
     p.add_argument("--main-at-end", action="store_true",
                    help="WorldModelConfig.main_at_chunk_end for every --arch (wrist view; its name ends in '>'): the "
                         "main frame of the chunk's end as input, here the real one (imagination gives the main model's)")
+    p.add_argument("--proprio-motion", action=argparse.BooleanOptionalAction, default=True,
+                   help="WorldModelConfig.proprio_motion (the profiles' default, on): the proprio head predicts the "
+                        "chunk's motion")
     p.add_argument("--wrist-warp", action="store_true",
                    help="WorldModelConfig.wrist_warp for every --arch (wrist view; its name ends in '='): its frame warped "
                         "by the camera's motion over the chunk (to the proprio head's end pose) as input")

@@ -220,7 +220,8 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
     cfg = override(TINY.wrist, patch=2)
     model = FrameWorldModel(cfg)
     t = _new_transitions(trajectories, cfg)
-    b = t.batch(torch.arange(6), "wrist", "start", proprio_stats(t))
+    model.set_proprio_stats(proprio_stats(t))  # as training does: the head's motion reads raw positions
+    b = t.batch(torch.arange(6), "wrist", "start", model.proprio_stats)
     seen = []
     model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
     frame, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
@@ -364,7 +365,7 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
     # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest
     model.set_proprio_stats({"mean": torch.tensor([-0.2085, 0.0, 1.1733, 0, 0, 0, 0, 0]), "std": torch.full((8,), 0.05)})
     with torch.no_grad():
-        model.proprio_head[-1].weight.normal_(0, 0.5)  # a head that reads the actions
+        model.proprio_head[-1].weight.normal_(0, 1.0)  # a head that reads the actions
     maps = model.pose_maps(b["actions"], b["proprio"], 64, 64)
     other = model.pose_maps(b["actions"].flip(0), b["proprio"], 64, 64)
     assert maps.shape == (6, 2, 64, 64)
@@ -1327,5 +1328,27 @@ def test_wrist_warp_bench_reads_recorded_episodes_and_refuses_bad_planes(traject
     assert (tmp_path / "s.png").stat().st_size > 0 and json.loads((tmp_path / "w.json").read_text())["planes"] == [0.9, 0.95]
     with pytest.raises(ConfigError, match="--planes"):
         bench.main(["--data", str(trajectories[0].parent), "--planes", "table"])
+    with pytest.raises(ConfigError, match="no .hdf5 files"):
+        bench.main(["--data", str(tmp_path)])
+
+
+def test_proprio_head_bench_trains_both_heads_and_refuses_bad_input(trajectories, tmp_path):
+    """bench/proprio_head.py: both heads per seed, one chunk and open loop errors, one-line errors."""
+    import importlib.util
+
+    from wmrl.config import ConfigError
+
+    spec = importlib.util.spec_from_file_location("proprio_head", REPO / "bench" / "proprio_head.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--data", str(trajectories[0].parent), "--steps", "20", "--batch", "16",
+                      "--json", str(tmp_path / "p.json")])
+    assert [r["head"] for r in out["rows"]] == ["residual", "motion"]
+    for r in out["rows"]:
+        assert np.isfinite(r["one_chunk"]["position_mm"]) and r["one_chunk"]["orientation_deg"] >= 0
+        assert set(r["open_loop"]) <= {"1", "5", "10"} and "1" in r["open_loop"]
+    assert json.loads((tmp_path / "p.json").read_text())["steps"] == 20
+    with pytest.raises(ConfigError, match="--seeds"):
+        bench.main(["--data", str(trajectories[0].parent), "--seeds", "a"])
     with pytest.raises(ConfigError, match="no .hdf5 files"):
         bench.main(["--data", str(tmp_path)])
