@@ -105,6 +105,24 @@ def test_wrist_camera_pose_follows_the_proprio_and_its_warp_draws_the_motion(env
         assert mse(warped[i], x[i + 1]) < 0.8 * mse(x[i], x[i + 1]), i
 
 
+def test_the_world_models_axis_angle_is_robosuites():
+    """``rotation.matrix_to_axis_angle`` writes any rotation as the proprio does (robosuite's
+    ``mat2quat``, then the env's axis-angle), the half turns where it flips included."""
+    import torch
+    from robosuite.utils.transform_utils import mat2quat
+
+    from wmrl.sim.env import quat_xyzw_to_axis_angle
+    from wmrl.worldmodel.rotation import axis_angle_to_matrix, matrix_to_axis_angle
+
+    g = torch.Generator().manual_seed(0)
+    axis = torch.randn(400, 3, generator=g, dtype=torch.float64)
+    angle = torch.cat([torch.rand(200, 1, generator=g, dtype=torch.float64) * np.pi,
+                       np.pi - 0.05 * torch.rand(200, 1, generator=g, dtype=torch.float64)])  # near the flip
+    mats = axis_angle_to_matrix(axis / axis.norm(dim=-1, keepdim=True) * angle)
+    theirs = np.stack([quat_xyzw_to_axis_angle(mat2quat(m)) for m in mats.numpy()])
+    np.testing.assert_allclose(matrix_to_axis_angle(mats.float()).numpy(), theirs, atol=1e-4)
+
+
 def test_observation_shapes_and_types(env0, sim_cfg):
     obs = env0.reset(init_index=1)
     assert obs.main.shape == obs.wrist.shape == (64, 64, 3) and obs.main.dtype == np.uint8

@@ -51,3 +51,15 @@ def test_the_mean_of_two_orientations_across_the_flip_lies_between_them():
     assert turn == pytest.approx(0.01, abs=1e-4)  # halfway: pi about x, 0.01 rad from each
     a = _random_axis_angles(50, seed=4)
     torch.testing.assert_close(rotation.mean_orientation([a, a]), a, atol=1e-4, rtol=0)
+
+
+def test_imagination_averages_the_two_models_proprio_with_orientations_as_rotations():
+    from wmrl.worldmodel.imagine import mean_proprio
+
+    a = torch.tensor([[0.1, 0.0, 1.0, math.pi - 0.01, 0.0, 0.0, 0.02, -0.02]])
+    b = torch.tensor([[0.3, 0.0, 1.2, -(math.pi - 0.01), 0.0, 0.0, 0.04, -0.04]])  # across the flip from a
+    m = mean_proprio([a, b])
+    torch.testing.assert_close(m[:, :3], torch.tensor([[0.2, 0.0, 1.1]]))
+    torch.testing.assert_close(m[:, 6:], torch.tensor([[0.03, -0.03]]))
+    assert abs(m[0, 3:6].norm().item() - math.pi) < 1e-4  # a half turn, not the naive mean's zero
+    assert mean_proprio([a[:, :7], b[:, :7]]).shape == (1, 7)  # another layout: element by element

@@ -7,7 +7,8 @@ repeats, as in training); the wrist model also sees the main view's frame of the
 start, the moment of its own latest frame, as ``Transitions.batch`` trains it; or, with
 ``main_at_chunk_end``, the main frame just imagined, one chunk later (the main model steps
 first for that). Both models predict the next proprio from the same raw
-proprio (each in its own normalisation); the step's proprio is the mean of the two. A model
+proprio (each in its own normalisation); the step's proprio is the mean of the two, the
+orientations averaged as rotations (``mean_proprio``). A model
 with ``action_history`` also reads the chunks stepped before (at the start: those given to
 ``start``, else zeros, an episode's first chunk). ``keep`` drops rollouts that have ended.
 
