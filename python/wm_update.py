@@ -43,9 +43,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--wrist-main-at-end", action="store_true", default=None,
                    help="the wrist model sees the main view's frame at the chunk's end (imagined first in lockstep) "
                         "instead of its start: WorldModelConfig.main_at_chunk_end (default: the profile's)")
-    p.add_argument("--wrist-warp", action="store_true", default=None,
+    p.add_argument("--wrist-warp", action=argparse.BooleanOptionalAction, default=None,
                    help="the wrist model also reads its current frame warped by the camera's motion over the chunk "
-                        "(WorldModelConfig.wrist_warp; default: the profile's)")
+                        "(WorldModelConfig.wrist_warp; default: the profile's, on; --no-wrist-warp for the A/B)")
     p.add_argument("--proprio-motion", action=argparse.BooleanOptionalAction, default=None,
                    help="both views' proprio head predicts the chunk's motion (WorldModelConfig.proprio_motion; "
                         "default: the profile's, on)")
@@ -120,8 +120,8 @@ def _passthrough(args) -> list[str]:
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if getattr(args, "wrist_main_at_end", None):
         out.append("--wrist-main-at-end")
-    if getattr(args, "wrist_warp", None):
-        out.append("--wrist-warp")
+    if getattr(args, "wrist_warp", None) is not None:
+        out.append("--wrist-warp" if args.wrist_warp else "--no-wrist-warp")
     if getattr(args, "proprio_motion", None) is not None:
         out.append("--proprio-motion" if args.proprio_motion else "--no-proprio-motion")
     if args.ds_config:

@@ -635,11 +635,12 @@ def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, t
     one, two = tmp_path / "one", tmp_path / "two"
     for run in (one, two):
         shutil.copytree(sft_run, run)
-        # the untrained main-view reward's peaks here lie in 0.573-0.578 (``reward_peak`` in
-        # rollouts.jsonl; read them again if the tiny models change): this cuts inside groups.
+        # the untrained main-view reward's peaks here lie in 0.4448-0.4524 (``reward_peak`` in
+        # rollouts.jsonl; read them again if the tiny models change): this cuts inside a group of
+        # each step (0.4459 | 0.4485 in the first, 0.4457 | 0.4481 in the second).
         # The untrained world models hardly answer the actions, so with the group's shared noise
         # (the default) a group would see one outcome and skip: each rollout draws its own here
-        add_pair(run, threshold=0.5755, reward_views=("main",))
+        add_pair(run, threshold=0.447, reward_views=("main",))
     args = ["python/grpo.py", "--profile", "tiny", "--env", "wm", "--world-noise", "rollout", "--target", "2",
             "--eval-tasks", "0", "--no-eval-first",
             "--workers", "1", "--envs-per-worker", "1", "--max-steps", "16", "--device", "cpu", "--no-progress",

@@ -226,7 +226,7 @@ def test_a_patched_model_runs_the_unet_on_fewer_wider_positions_and_learns(traje
     model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
     frame, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
     assert frame.shape == (6, 3, 64, 64)
-    assert seen[0] == (6, 3 * 4 * (1 + cfg.input_frames), 32, 32)
+    assert seen[0] == (6, 4 * (3 * (1 + cfg.input_frames) + 3 * cfg.wrist_warp), 32, 32)  # the warp: 3 more
     assert _fits_one_batch(model, b)
     with pytest.raises(ConfigError, match="patch=3"):
         override(TINY.main, patch=3)
@@ -263,11 +263,12 @@ def test_a_residual_model_generates_the_change_from_the_views_current_frame(traj
     t = _new_transitions(trajectories)
     b = t.batch(torch.arange(4), "wrist", "start", proprio_stats(t))
     torch.manual_seed(0)
-    plain = FrameWorldModel(TINY.wrist)
+    wrist = override(TINY.wrist, wrist_warp=False)  # the warp's own residual: the wrist_warp test
+    plain = FrameWorldModel(wrist)
     with torch.no_grad():
         for p in plain.parameters():  # zero-initialised output convolutions would hide the difference
             p.add_(0.05 * torch.randn_like(p))
-    res = FrameWorldModel(override(TINY.wrist, residual=True))
+    res = FrameWorldModel(override(wrist, residual=True))
     res.load_state_dict(plain.state_dict())  # no parameter of its own
     now = b["frames"][:, TINY.wrist.context - 1]
     assert not torch.equal(now, b["frames"][:, -1])  # the main view comes last
