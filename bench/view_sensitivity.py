@@ -12,8 +12,10 @@ little off where the arm is; the frame one chunk late, the arm's motion missed),
 action chunk on them against its chunk on the real inputs (same sampler noise), at the same
 horizons as the action gap. Each corruption is placed by its PSNR against the real frame, so a
 world model's frames (their PSNR in ``fidelity.json``) can be set beside the corruption that costs
-the same. ``--view proprio``: the proprio instead (noise in each dimension's spread over the
-episodes, late, ghost), each placed by its end-effector position error in mm. Runs in the policy's
+the same; ``warp:K``: the late frame warped by the camera's motion since (what geometry alone
+recovers). ``--view proprio``: the proprio instead (noise in each dimension's spread over the
+episodes, late, ghost, ``turn:DEG``: the orientation turned), each placed by its end-effector
+position error in mm. Runs in the policy's
 environment (.venv/train); no world model, no GPU needed.
 """
 

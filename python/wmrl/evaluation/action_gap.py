@@ -180,7 +180,8 @@ def real_roll(episodes: list, horizon: int) -> dict:
 def perturbed(roll: dict, part: str, how: str, seed: int = 0) -> dict:
     """``roll`` whose imagined ``part`` (main, wrist or proprio) is its real one corrupted
     (``perturb``); every other part real. The proprio's noise is in units of each dimension's
-    spread over the episodes (its std at their boundaries), so one S means as much for every dimension."""
+    spread over the episodes (its std at their boundaries), so one S means as much for every dimension;
+    ``turn:DEG`` turns its orientation (``turned``)."""
     real_p = roll["proprio"]["real"]
     if part != "proprio":
         frames = perturb(roll["real"][part], how, seed, proprio=real_p if part == "wrist" else None)

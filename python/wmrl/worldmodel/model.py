@@ -289,12 +289,12 @@ class FrameWorldModel(Pretrained, nn.Module):
             end = self.next_proprio(actions, proprio).float()
             if no_actions is not None:
                 end = torch.where(no_actions[:, None], proprio.float(), end)
-            mean, std = self.proprio_mean.float(), self.proprio_std.float()
-            return camera.wrist_warp(self.current_frame(frames).float(), proprio.float() * std + mean, end * std + mean)
+            return camera.wrist_warp(self.current_frame(frames).float(), self.unnormalize_proprio(proprio.float()),
+                                     self.unnormalize_proprio(end))
 
     def next_proprio(self, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Normalised proprio after the chunk: a residual on the current one, or with
-        ``proprio_motion`` the current pose moved by the predicted motion (``proprio_motion``)."""
+        ``proprio_motion`` the current pose moved by the head's predicted motion."""
         dt = self.unet.stem.weight.dtype
         if not self.cfg.proprio_motion:
             actions, proprio = actions.to(dt), proprio.to(dt)
