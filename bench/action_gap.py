@@ -89,9 +89,10 @@ def main(argv=None) -> dict:
               "seconds": round(time.perf_counter() - t0, 1), "machine": {"host": platform.node(), "device": str(device)}}
     print(table(result))
     print(json.dumps(result, indent=1))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1))
+    if a.json:  # atomically: a killed run leaves the previous file whole
+        from wmrl.fileio import write_json
+
+        write_json(a.json, result)
     return result
 
 

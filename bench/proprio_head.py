@@ -17,7 +17,6 @@ them). CPU, about a minute per variant and seed.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -159,9 +158,10 @@ def main(argv=None) -> dict:
                                   for h, v in row["open_loop"].items()), flush=True)
     result = {"rows": results, "steps": a.steps, "batch": a.batch, "lr": a.lr,
               "machine": {"host": platform.node(), "torch": torch.__version__}}
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1))
+    if a.json:  # atomically: a killed run leaves the previous file whole
+        from wmrl.fileio import write_json
+
+        write_json(a.json, result)
     return result
 
 

@@ -22,7 +22,6 @@ environment (.venv/train); no world model, no GPU needed.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -128,9 +127,10 @@ def main(argv=None) -> dict:
         from wmrl.plots import sensitivity_scatter
 
         sensitivity_scatter({**result, "marks": marks}, a.plot)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1))
+    if a.json:  # atomically: a killed run leaves the previous file whole
+        from wmrl.fileio import write_json
+
+        write_json(a.json, result)
     return result
 
 

@@ -15,7 +15,6 @@ the policy is ``bench/view_sensitivity.py --corruptions late:1,warp:1``. CPU, a 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
@@ -40,11 +39,10 @@ def chunk_pairs(episodes: list, horizon: int):
 
 
 def psnr_db(a, b, rows: int | None = None) -> float:
-    """Mean PSNR (dB, images in [0, 1]) of (N, 3, H, W) frames in [-1, 1], over the first ``rows`` rows."""
-    import torch
+    """Mean PSNR (dB) of (N, 3, H, W) frames in [-1, 1] over their first ``rows`` rows (``fidelity.psnr``)."""
+    from wmrl.worldmodel.fidelity import psnr
 
-    d = (a - b)[..., :rows, :] / 2
-    return float((10 * torch.log10(1 / (d**2).mean(dim=(1, 2, 3)).clamp_min(1e-10))).mean())
+    return float(psnr(a[..., :rows, :], b[..., :rows, :]).mean())
 
 
 def strip(start, warped, end, path: Path, rows: int = 4) -> None:
@@ -103,9 +101,10 @@ def main(argv=None) -> dict:
         print(f"[wrist_warp] {data}: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "data"), flush=True)
     result = {"rows": rows, "planes": planes,
               "machine": {"host": platform.node(), "torch": torch.__version__}}
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1))
+    if a.json:  # atomically: a killed run leaves the previous file whole
+        from wmrl.fileio import write_json
+
+        write_json(a.json, result)
     return result
 
 

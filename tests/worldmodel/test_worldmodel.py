@@ -342,6 +342,18 @@ def test_the_motion_weight_weighs_only_the_pixels_that_move(trajectories):
         override(TINY.main, motion_weight=-1)
 
 
+def _extra_inputs_read_the_proprio_head_without_training_it(model, batch, extra: int) -> None:
+    """A model with ``extra`` input channels drawn from its proprio head (pose maps, the wrist warp):
+    the U-Net reads them, the frame loss alone leaves the head untouched, and the model learns."""
+    seen = []
+    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    model.loss(**batch, proprio_weight=0)[0].backward()  # the frame loss alone
+    assert seen[0][1] == 3 * (1 + model.cfg.input_frames) + extra
+    assert all(not p.grad.any() for p in model.proprio_head.parameters())
+    model.zero_grad()
+    assert _fits_one_batch(model, batch)
+
+
 def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(trajectories):
     """pose_maps: two input channels, Gaussian blobs at the end effector's projection now and
     at the proprio head's prediction for the chunk's end. The first does not depend on the
@@ -372,13 +384,7 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
     assert maps.shape == (6, 2, 64, 64)
     torch.testing.assert_close(maps[:, 0], other[:, 0])  # now: from the proprio alone
     assert (maps[:, 1] - other[:, 1]).abs().amax() > 0.5  # the chunk's end: from the actions
-    seen = []
-    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
-    model.loss(**b, proprio_weight=0)[0].backward()  # the frame loss alone
-    assert seen[0][1] == 3 * (1 + cfg.input_frames) + 2
-    assert all(not p.grad.any() for p in model.proprio_head.parameters())
-    model.zero_grad()
-    assert _fits_one_batch(model, b)
+    _extra_inputs_read_the_proprio_head_without_training_it(model, b, 2)
     with pytest.raises(ConfigError, match="pose_maps"):
         override(TINY.wrist, pose_maps=True)
 
@@ -405,13 +411,7 @@ def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_cam
     assert (warped - other).abs().amax() > 0.1  # the chunk's end: from the actions
     null = model.warped_frame(b["frames"], b["actions"], b["proprio"], no_actions=torch.ones(6, dtype=torch.bool))
     torch.testing.assert_close(null, model.current_frame(b["frames"]).float(), atol=1e-4, rtol=0)
-    seen = []
-    model.unet.stem.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
-    model.loss(**b, proprio_weight=0)[0].backward()  # the frame loss alone
-    assert seen[0][1] == 3 * (1 + cfg.input_frames) + 3
-    assert all(not p.grad.any() for p in model.proprio_head.parameters())
-    model.zero_grad()
-    assert _fits_one_batch(model, b)
+    _extra_inputs_read_the_proprio_head_without_training_it(model, b, 3)
     # residual: the change is generated from the warp, in training and in sampling alike
     res = FrameWorldModel(override(cfg, residual=True))
     res.load_state_dict(model.state_dict())
