@@ -93,6 +93,9 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
     t = override(prof.train, channels_last="channels_last" in options, compile="compile" in options,
                  compile_nhwc="nhwc" in options,
                  **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
+    # a variant compiled earlier in this process must not serve this one: dynamo's cache would hand
+    # back its graph (the same code, the same shapes), whatever inductor's layout option says now
+    torch._dynamo.reset()
     torch.manual_seed(0)
     model = FrameWorldModel(cfg).to(device)
     fps = flops_per_sample(model, cfg, device)

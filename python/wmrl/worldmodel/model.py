@@ -218,13 +218,14 @@ class FrameWorldModel(Pretrained, nn.Module):
     # --------------------------------------------------------------------------- EDM pieces
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
                 proprio: torch.Tensor, context_level: torch.Tensor | None = None,
-                no_actions: torch.Tensor | None = None) -> torch.Tensor:
+                no_actions: torch.Tensor | None = None, maps: torch.Tensor | None = None) -> torch.Tensor:
         """D(noisy; sigma | frames, actions, proprio): the clean next frame's estimate.
         noisy (B, 3, H, W); sigma (B,); frames (B, input_frames, 3, H, W) in [-1, 1];
         actions (B, action_chunks x chunk, A) in [-1, 1] (``action_history`` past chunks, oldest
         first, then the chunk to imagine); proprio (B, P) normalised; ``context_level`` (B,):
         the std of the noise already added to ``frames`` (training's augmentation; None: 0);
-        ``no_actions`` (B,) bool: these samples see the learned null instead of their actions."""
+        ``no_actions`` (B,) bool: these samples see the learned null instead of their actions;
+        ``maps``: ``input_maps`` already drawn for these inputs (a sampler draws them once per frame)."""
         dt = self.unet.stem.weight.dtype  # bf16 under DeepSpeed on a GPU: everything in one dtype
         noisy, sigma, frames, actions, proprio = (t.to(dt) for t in (noisy, sigma, frames, actions, proprio))
         sd = self.cfg.sigma_data
@@ -241,10 +242,10 @@ class FrameWorldModel(Pretrained, nn.Module):
             level = sigma.new_zeros(sigma.shape) if context_level is None else context_level.to(dt)
             cond = cond + self.context_noise_emb(level[:, None] / self.cfg.context_noise)
         x = torch.cat([noisy * c_in, frames.flatten(1, 2)], dim=1)
-        if self.cfg.pose_maps:
-            x = torch.cat([x, self.pose_maps(actions, proprio, *x.shape[-2:]).to(dt)], dim=1)
-        if self.cfg.wrist_warp:
-            x = torch.cat([x, self.warped_frame(frames, actions, proprio, no_actions).to(dt)], dim=1)
+        if maps is None:
+            maps = self.input_maps(frames, actions, proprio, no_actions)
+        if maps is not None:
+            x = torch.cat([x, maps.to(dt)], dim=1)
         if self.cfg.patch > 1:
             x = F.pixel_unshuffle(x, self.cfg.patch)
         if self.channels_last:
@@ -257,16 +258,40 @@ class FrameWorldModel(Pretrained, nn.Module):
         return c_skip * noisy + c_out * out
 
     def guided_denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
-                       proprio: torch.Tensor) -> torch.Tensor:
+                       proprio: torch.Tensor, maps: torch.Tensor | None = None) -> torch.Tensor:
         """``denoise`` under action guidance ``self.guidance`` = w (float32): D_null + w (D_actions -
-        D_null), both in one batch of 2B; plain ``denoise`` at w = 1. What the sampler steps with."""
+        D_null), both in one batch of 2B; plain ``denoise`` at w = 1. What the sampler steps with;
+        ``maps``: ``sampler_maps`` of these inputs, drawn once for all of a frame's steps."""
         w = self.guidance
         if w == 1:
-            return self.denoise(noisy, sigma, frames, actions, proprio).float()
+            return self.denoise(noisy, sigma, frames, actions, proprio, maps=maps).float()
         b = noisy.shape[0]
         both = self.denoise(*(torch.cat([t, t]) for t in (noisy, sigma, frames, actions, proprio)),
-                            no_actions=torch.arange(2 * b, device=noisy.device) >= b).float()
+                            no_actions=torch.arange(2 * b, device=noisy.device) >= b, maps=maps).float()
         return both[b:] + w * (both[:b] - both[b:])
+
+    def input_maps(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
+                   no_actions: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The input channels drawn from the proprio head, (B, C, H, W): the pose maps (main view)
+        and the warped wrist frame, or None without either. They read the conditioning alone, not
+        the noisy frame: the same at every step of a frame's sampler, which draws them once."""
+        dt = self.unet.stem.weight.dtype  # as ``denoise`` casts its inputs, so both draw the same maps
+        frames, actions, proprio = (t.to(dt) for t in (frames, actions, proprio))
+        maps = []
+        if self.cfg.pose_maps:
+            maps.append(self.pose_maps(actions, proprio, *frames.shape[-2:]))
+        if self.cfg.wrist_warp:
+            maps.append(self.warped_frame(frames, actions, proprio, no_actions))
+        return torch.cat(maps, dim=1) if maps else None
+
+    def sampler_maps(self, frames: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor | None:
+        """``input_maps`` laid out as ``guided_denoise`` feeds the network: under guidance both
+        branches, the null's without the actions' motion."""
+        if self.guidance == 1:
+            return self.input_maps(frames, actions, proprio)
+        b = frames.shape[0]
+        return self.input_maps(*(torch.cat([t, t]) for t in (frames, actions, proprio)),
+                               no_actions=torch.arange(2 * b, device=frames.device) >= b)
 
     def pose_maps(self, actions: torch.Tensor, proprio: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """(B, 2, H, W): the end effector now and at the chunk's end drawn in the main camera.
@@ -390,8 +415,10 @@ class FrameWorldModel(Pretrained, nn.Module):
         b = frames.shape[0]
         sig = self.sigmas(steps, frames.device)
         x = noise.to(frames.device) * sig[0]
+        # once per frame, not per step: drawn at every step the warp cost 14-24% of the frames/s (H100, 128 px)
+        maps = self.sampler_maps(frames, actions, proprio)
         for i in range(steps):
-            d = self.guided_denoise(x, sig[i].expand(b), frames, actions, proprio)
+            d = self.guided_denoise(x, sig[i].expand(b), frames, actions, proprio, maps)
             x = d if sig[i + 1] == 0 else x + (x - d) / sig[i] * (sig[i + 1] - sig[i])
         return x + self.anchor(frames, actions, proprio) if self.cfg.residual else x
 
