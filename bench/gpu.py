@@ -52,7 +52,8 @@ returns only a few files).
                                SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation;
                                after a cycle: unpack+cycle+distill ... DISTILL_RUN=runs/h200/cycles/cycle_1)
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
-                               (what each world-model training speed option buys, with profiler tables)
+                               (what each world-model training speed option buys, with profiler tables;
+                               compile's own: compile+nhwc, compile+nhwc+graphs, compile+nhwc+autotune)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
                                RANK_ARGS="--traces"]
     python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20 GUIDANCE=1,2 (a pair trained with

@@ -5,6 +5,8 @@
     python bench/wm_throughput.py --profile tiny --train-steps 3 --batch 4   # CPU smoke run
     python bench/wm_throughput.py --variants eager,channels_last,compile,channels_last+compile \
         --micro-batch 64 --trace runs/wm_trace --skip-imagination      # what each speed option buys
+    (compile's own options: +nhwc NHWC inside the graph, +graphs CUDA graphs, +autotune kernel
+    autotuning, e.g. compile+nhwc+graphs; ``WMTrainConfig.compile_nhwc`` / ``compile_mode``)
 
 * Training: the main-view model through the same DeepSpeed engine as ``make wm-update``
   (bf16 and ZeRO from data/worldmodel/ds_gpu.json on a GPU), on synthetic inputs of the
@@ -73,7 +75,22 @@ def flops_per_sample(model, cfg, device) -> float:
     return fc.get_total_flops() / 2
 
 
-VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc")
+VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune")
+# the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
+COMPILED = {"nhwc", "graphs", "autotune"}
+
+
+def variant_options(variant: str) -> dict:
+    """A ``--variants`` entry -> the ``WMTrainConfig`` speed fields it sets; an unknown one exits
+    with the choices (checked for every entry before anything loads)."""
+    options = set(variant.split("+")) - {"eager"}
+    if options - {"channels_last", "compile"} - COMPILED or (options & COMPILED and "compile" not in options):
+        raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    mode = {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
+            (True, True): "max-autotune"}["graphs" in options, "autotune" in options]
+    return {"channels_last": "channels_last" in options, "compile": "compile" in options,
+            "compile_nhwc": "nhwc" in options, "compile_mode": mode}
 
 
 def bench_training(prof, args, device, variant: str = "eager") -> dict:
@@ -87,12 +104,7 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
 
     on_gpu = device.type == "cuda"
     cfg = prof.main
-    options = set(variant.split("+")) - {"eager"}
-    if options - {"channels_last", "compile", "nhwc"} or ("nhwc" in options and "compile" not in options):
-        raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    t = override(prof.train, channels_last="channels_last" in options, compile="compile" in options,
-                 compile_nhwc="nhwc" in options,
-                 **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
+    t = override(prof.train, **variant_options(variant), **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
     # a variant compiled earlier in this process must not serve this one: dynamo's cache would hand
     # back its graph (the same code, the same shapes), whatever inductor's layout option says now
     torch._dynamo.reset()
@@ -240,6 +252,8 @@ def main() -> None:
     p.add_argument("--sample-steps", type=int, help="Euler steps per imagined frame (default: the profile's; 1: a "
                    "distilled student's, make wm-distill)")
     args = p.parse_args()
+    for variant in args.variants.split(","):
+        variant_options(variant)
     import torch
     from wmrl.config import get_profile
 

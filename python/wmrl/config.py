@@ -517,6 +517,9 @@ class WorldModelConfig:
         return ("end" if self.main_at_chunk_end else "start") if self.condition_on_main else None
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+
 @dataclass(frozen=True)
 class WMTrainConfig:
     """One world-model training run (DeepSpeed). The DeepSpeed JSON file decides ZeRO stage
@@ -567,6 +570,12 @@ class WMTrainConfig:
     # 8,132 samples/s, MFU 20.9% -> 25.3% (bench/RESULTS.md "NHWC inside the compiled graph").
     # Without compile it does nothing; False: inductor's own heuristic
     compile_nhwc: bool = True
+    # torch.compile's mode for the loss. "reduce-overhead" replays the update's kernels as CUDA
+    # graphs (at micro batch 256 the H200 still waits on kernel launches: 1,024 trains 1.4-1.7x the
+    # samples/s); "max-autotune-no-cudagraphs" times Triton's kernels against cuDNN's for every
+    # shape (minutes of compiling); "max-autotune" does both. Speed only; "default" until
+    # bench/wm_throughput.py's graphs / autotune variants show a gain on a GPU
+    compile_mode: str = "default"
     ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
     ds_config_gpu: str = "data/worldmodel/ds_gpu.json"
 
@@ -578,6 +587,9 @@ class WMTrainConfig:
             raise ConfigError("world-model training: lr > 0, warmup >= 0 and val_batches >= 0")
         if not 0 <= self.self_context <= 1:
             raise ConfigError(f"world-model training: self_context={self.self_context} is a fraction of the batch, 0..1")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"world-model training: compile_mode={self.compile_mode!r}: choose one of "
+                              f"{', '.join(COMPILE_MODES)} (torch.compile's modes)")
 
 
 @dataclass(frozen=True)

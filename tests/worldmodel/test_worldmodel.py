@@ -172,6 +172,29 @@ def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
     assert inductor.force_layout_optimization == before and not objective.model.channels_last
 
 
+def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
+    """``compile_mode`` (CUDA graphs, autotuning) is refused with the choices when unknown;
+    bench/wm_throughput.py's variants map onto the training fields and refuse compile's options
+    without compile, each a one-line exit before anything loads."""
+    import importlib.util
+
+    from wmrl.config import ConfigError, override
+
+    with pytest.raises(ConfigError, match="reduce-overhead"):
+        override(TINY.train, compile_mode="fast")
+    spec = importlib.util.spec_from_file_location("wm_throughput", REPO / "bench" / "wm_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.variant_options("compile+nhwc+graphs+autotune") == {
+        "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune"}
+    assert bench.variant_options("compile")["compile_mode"] == "default"
+    for variant in bench.VARIANTS:  # every listed variant is a valid training config
+        override(TINY.train, **bench.variant_options(variant))
+    for bad in ("nhwc", "graphs", "compile+fast"):
+        with pytest.raises(SystemExit, match="unknown variant"):
+            bench.variant_options(bad)
+
+
 def test_own_context_puts_the_models_prediction_where_imagination_would(trajectories):
     from wmrl.worldmodel.train import own_context
 

@@ -183,7 +183,7 @@ def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
         # read when the first update compiles; set either way, so one process's earlier choice
         # does not carry over (bench/wm_throughput.py compiles several variants in one process)
         inductor.force_layout_optimization = t.compile_nhwc
-        objective.compile()
+        objective.compile(mode=t.compile_mode)
     return objective
 
 
