@@ -226,6 +226,7 @@ offline-install:
 #        finished update further (to a higher STEPS or MAX_MINUTES more; then wm-reward and package OVERWRITE=1);
 #        WRIST_MAIN_AT_END=1: the wrist model sees the main frame of the chunk's end instead of its start;
 #        WRIST_WARP=0: the wrist model without its frame warped by the camera's motion (on by default)
+#        COMPILE=0: eager training (the default profile compiles the loss: ~45 s first, then 1.2x the samples/s)
 #   make wm-reward RUN=r [CONTROL_NEGATIVES=hold,random]  the frozen success classifier  RUN/worldmodels/reward/
 #        STUDENTS=1: trained on the one-step students' frames, for their pair  RUN/worldmodels/reward_students/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
@@ -246,7 +247,8 @@ manifest: setup
 wm-update: setup
 	$(WM_PY) python/wm_update.py $(WM_FLAGS) $(call opt,--steps,$(STEPS)) $(call opt,--save-interval,$(SAVE_INTERVAL)) \
 		$(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--hostfile,$(HOSTFILE)) $(if $(call yes,$(MORE)),--more) \
-		$(if $(call yes,$(WRIST_MAIN_AT_END)),--wrist-main-at-end) $(if $(filter 0 no false,$(WRIST_WARP)),--no-wrist-warp)
+		$(if $(call yes,$(WRIST_MAIN_AT_END)),--wrist-main-at-end) $(if $(filter 0 no false,$(WRIST_WARP)),--no-wrist-warp) \
+		$(if $(filter 0 no false,$(COMPILE)),--no-compile)
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \

@@ -8,6 +8,7 @@ def test_profiles_are_registered_and_tiny_is_small():
     tiny, full = get_profile("tiny"), get_profile("default")
     assert tiny.sim.image_size == 64 and full.sim.image_size == 128
     assert full.eval.trials == 50 and len(full.eval.tasks) == 10 and full.sim.max_steps == 240
+    assert full.wm.train.compile and not tiny.wm.train.compile  # the GPU server compiles; CPU tests stay eager
     with pytest.raises(ConfigError, match="choose one of"):
         get_profile("huge")
 
