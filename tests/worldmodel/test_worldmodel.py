@@ -418,6 +418,13 @@ def test_pose_maps_draw_the_end_effector_now_and_where_the_actions_take_it(traje
         override(TINY.wrist, pose_maps=True)
 
 
+def arm_at_rest_stats() -> dict:
+    """Proprio statistics that read the synthetic episodes' proprio (no arm pose) as small offsets
+    around the arm at rest, fingers down: what the wrist warp needs to see a plausible camera."""
+    return {"mean": torch.tensor([-0.2085, 0.0, 1.1733, 3.1416, 0, 0, 0, 0]),
+            "std": torch.tensor([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01])}
+
+
 def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_camera(trajectories):
     """wrist_warp: three input channels, the current wrist frame warped to the proprio head's end
     pose. They move with the actions; guidance's null sees the frame unwarped; the frame loss does
@@ -429,9 +436,7 @@ def test_wrist_warp_feeds_the_current_frame_moved_where_the_actions_take_the_cam
     model = FrameWorldModel(cfg)
     t = _new_transitions(trajectories, cfg)
     b = t.batch(torch.arange(6), "wrist", cfg.main_condition, proprio_stats(t))
-    # the synthetic episodes' proprio is no arm pose: read it as offsets around the arm at rest, fingers down
-    model.set_proprio_stats({"mean": torch.tensor([-0.2085, 0.0, 1.1733, 3.1416, 0, 0, 0, 0]),
-                             "std": torch.tensor([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01])})
+    model.set_proprio_stats(arm_at_rest_stats())
     with torch.no_grad():
         model.proprio_head[-1].weight.normal_(0, 0.5)  # a head that reads the actions
     warped = model.warped_frame(b["frames"], b["actions"], b["proprio"])
@@ -466,8 +471,7 @@ def test_the_sampler_draws_the_input_maps_once_and_samples_as_if_drawn_at_every_
     model = FrameWorldModel(cfg)
     t = _new_transitions(trajectories, cfg)
     b = t.batch(torch.arange(4), "wrist", cfg.main_condition, proprio_stats(t))
-    model.set_proprio_stats({"mean": torch.tensor([-0.2085, 0.0, 1.1733, 3.1416, 0, 0, 0, 0]),
-                             "std": torch.tensor([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01])})
+    model.set_proprio_stats(arm_at_rest_stats())
     with torch.no_grad():
         model.proprio_head[-1].weight.normal_(0, 0.5)
         model.null_actions.normal_()
