@@ -97,7 +97,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    from wmrl.cli import run
+
+    run(lambda: main() and 0)  # the kit's one-line errors (exit 2); main returns its figures, the exit code 0
