@@ -270,8 +270,21 @@ def main() -> None:
                "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None, "profile": args.profile,
                "image_size": prof.main.image_size}
     result = {"machine": machine}
+
+    def save() -> None:
+        # Written after every figure (temp file + rename): a call cut short at the lent machine's
+        # limit still brings back the variants that finished.
+        if args.json:
+            tmp = Path(args.json + ".tmp")
+            tmp.write_text(json.dumps(result, indent=2))
+            tmp.replace(args.json)
+
     if not args.skip_training:
-        result["training"] = [bench_training(prof, args, device, v) for v in args.variants.split(",")]
+        result["training"] = []
+        for variant in args.variants.split(","):
+            result["training"].append(bench_training(prof, args, device, variant))
+            print("[wm-speed]", json.dumps(result["training"][-1]), flush=True)
+            save()
     if not args.skip_imagination:
         result["imagination"] = bench_imagination(prof, args, device)
     if args.closed_loop:
@@ -283,8 +296,7 @@ def main() -> None:
             result["real_sim_steps_per_s"] = real[0]
             result["imagined_over_real"] = round(result["imagination"]["imagined_steps_per_s"] / real[0], 2)
     print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    save()
 
 
 if __name__ == "__main__":

@@ -104,6 +104,10 @@ def main(args) -> int:
                                              "controls")
                       if k in result},
                      indent=1))
+    eef = {h: r for h, r in result["horizons"].items() if "eef_error_mm" in r}
+    if eef:  # the proprio drives the wrist warp and the policy's own input: a wrong one shows here first
+        print("[wm-eval] imagined end effector off by (mm; the start held): " + ", ".join(
+            f"{h} chunks {r['eef_error_mm']} ({r['eef_error_mm_static']})" for h, r in eef.items()))
     from wmrl.report import agreement_text
 
     print("[wm-eval] agreement by success_chunks (k chunks in a row at the threshold): " + ", ".join(

@@ -177,9 +177,11 @@ def world_models(pair: Path, run: Path) -> list[Block]:
             out.append(("p", f"Warning: {warning}"))
     hz = d.get("horizons") or {}
     if hz:
-        out.append(("table", ["chunks ahead", "PSNR main (static)", "PSNR wrist (static)", "SSIM main"],
+        out.append(("table", ["chunks ahead", "PSNR main (static)", "PSNR wrist (static)", "SSIM main",
+                              "end effector off, mm (static)"],
                     [[h, f"{v['psnr_main']} ({v['psnr_main_static']})", f"{v['psnr_wrist']} ({v['psnr_wrist_static']})",
-                      v["ssim_main"]] for h, v in hz.items()]))
+                      v["ssim_main"], f"{v['eef_error_mm']} ({v['eef_error_mm_static']})" if "eef_error_mm" in v else "-"]
+                     for h, v in hz.items()]))
     resp = {v: x for v, x in (d.get("action_response") or {}).items() if x}
     if resp:  # a model that ignores its actions predicts the same frame from any chunk
         out.append(("table", ["one chunk ahead, PSNR on the pixels that move", "real chunk", "another chunk", "held frame",

@@ -760,6 +760,14 @@ def test_deepspeed_training_resumes_exactly(manifest_run, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    # training read the proprio statistics it exports (proprio_motion's targets, the wrist warp and
+    # the pose maps come from them): the DeepSpeed checkpoint's model holds those, not zeros and ones
+    states = torch.load(next((split / "worldmodels/main/deepspeed/global_step3").rglob("mp_rank_00_model_states.pt")),
+                        weights_only=False, map_location="cpu")["module"]
+    assert not torch.equal(a["proprio_std"], torch.ones_like(a["proprio_std"]))
+    for k in ("proprio_mean", "proprio_std"):
+        assert states[f"model.{k}"].dtype == torch.float32
+        torch.testing.assert_close(states[f"model.{k}"], a[k], rtol=0, atol=0, msg=k)
     log = [json.loads(line) for line in (straight / "logs/wm_main.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in log if "loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses))
@@ -853,6 +861,7 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     for row in fid["horizons"].values():
         assert np.isfinite(row["psnr_main"]) and -1 <= row["ssim_wrist"] <= 1
         assert np.isfinite(row["psnr_wrist_static"]) and -1 <= row["ssim_main_static"] <= 1
+        assert np.isfinite(row["eef_error_mm"]) and row["eef_error_mm_static"] >= 0
     assert 0 <= fid["reward"]["accuracy_real"] <= 1 and fid["reward"]["frames"] > 0
     assert Path(fid["videos"][0]).stat().st_size > 0
     # the two validation episodes: one calibrated the reward's threshold, the other is scored
@@ -989,10 +998,16 @@ def test_static_baseline_is_the_start_frame_held():
 
     g = torch.Generator().manual_seed(0)
     real = {v: torch.rand(2, 6, 3, 16, 16, generator=g) * 2 - 1 for v in ("main", "wrist")}
-    roll = {"real": real, "imagined": real, "valid": torch.ones(2, 6, dtype=torch.bool), "steps": 5, "episodes": 2}
+    proprio = torch.zeros(2, 6, 8)
+    proprio[:, :, 0] = torch.arange(6) * 0.01  # the end effector moves 1 cm a chunk along x
+    imagined = proprio.clone()
+    imagined[:, :, 1] += 0.003  # 3 mm off along y
+    roll = {"real": real, "imagined": real, "valid": torch.ones(2, 6, dtype=torch.bool), "steps": 5, "episodes": 2,
+            "proprio": {"real": proprio, "imagined": imagined}}
     row = metrics(roll)["horizons"]["5"]
     assert row["ssim_main"] == 1.0 and row["psnr_main"] > 90  # a perfect model
     assert row["psnr_main_static"] < 15 and row["ssim_wrist_static"] < 0.5  # unrelated noise frames
+    assert row["eef_error_mm"] == 3.0 and row["eef_error_mm_static"] == 50.0
 
 
 def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fail():

@@ -141,6 +141,10 @@ def metrics(roll: dict, reward=None) -> dict:
             for name, guess in (("", roll["imagined"][v][ok, h]), ("_static", roll["real"][v][ok, 0])):
                 row[f"psnr_{v}{name}"] = round(float(psnr(guess, real).mean()), 2)
                 row[f"ssim_{v}{name}"] = round(float(ssim(guess, real).mean()), 4)
+        if "proprio" in roll:  # where the imagined proprio puts the end effector (raw, metres -> mm)
+            pos = roll["proprio"]["real"][ok, h, :3]
+            for name, guess in (("", roll["proprio"]["imagined"][ok, h, :3]), ("_static", roll["proprio"]["real"][ok, 0, :3])):
+                row[f"eef_error_mm{name}"] = round(1000 * float((guess.float() - pos.float()).norm(dim=-1).mean()), 1)
         out["horizons"][str(h)] = row
     if reward is not None:
         valid = roll["valid"]

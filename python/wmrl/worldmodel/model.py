@@ -202,8 +202,11 @@ class FrameWorldModel(Pretrained, nn.Module):
         return self
 
     def set_proprio_stats(self, stats: dict) -> None:
-        self.proprio_mean.copy_(stats["mean"])
-        self.proprio_std.copy_(stats["std"])
+        """The raw proprio's mean and spread, kept in float32 whatever the module's dtype
+        (DeepSpeed's bf16 mode casts buffers too, and bf16 rounds a position by millimetres)."""
+        device = self.proprio_mean.device
+        self.proprio_mean = stats["mean"].detach().float().to(device)
+        self.proprio_std = stats["std"].detach().float().to(device)
 
     @property
     def proprio_stats(self) -> dict:

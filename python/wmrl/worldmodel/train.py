@@ -304,6 +304,10 @@ def init_state(job: WMJob) -> WMState:
         step = int(client["step"])
         sampler.load_state_dict(client["sampler"])
         rng.restore(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
+    # The model reads the statistics in training as it will in imagination (proprio_motion's
+    # targets, the wrist warp, the pose maps): the ones exported with its weights, set after
+    # any checkpoint load (one saved before they were set would carry zeros and ones).
+    engine.module.model.set_proprio_stats(stats)
     lineage = {"profile": job.profile, "view": job.view, "git_commit": git_commit(), "manifest": str(job.manifest),
                "manifest_sha256": manifest_sha, "ds_config": ds_cfg, "world_size": world}
     return WMState(job, engine, train, val, sampler, stats, rank, world, device, out, ckpt_dir, manifest_sha,
