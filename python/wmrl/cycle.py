@@ -18,7 +18,8 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
                waits for evaluate_start            -> RUN/weights/policy/global_step_T
     evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
 
-A pair that wm_eval measured below ``cycle.min_agreement`` skips grpo and evaluate: the cycle
+A pair that wm_eval measured below ``cycle.min_agreement`` (its agreement, or the controls it
+imagines succeeding: ``wmrl.release.pair.check_agreement``) skips grpo and evaluate: the cycle
 finishes with the policy it began with (``grpo_skipped`` in its record says why), which collects
 the next cycle's data.
 
@@ -339,7 +340,7 @@ def main(job: CycleJob) -> dict:
             if job.report:
                 build_report(job)
             print(f"[cycle {n}/{job.cycles}] finished: policy {rec['policy_in']} -> " + (
-                "unchanged (GRPO skipped: the pair's agreement is below cycle.min_agreement; the next cycle collects "
+                "unchanged (GRPO skipped: the pair is measured below cycle.min_agreement; the next cycle collects "
                 "with the same policy)" if rec.get("grpo_skipped") else f"GRPO step {rec['grpo_to']}"))
     return state
 

@@ -472,6 +472,18 @@ def test_a_pair_measured_below_the_agreement_floor_is_refused(run_with_pair):
     assert env(0.6, one_outcome).agreement == one_outcome
     wide = {"balanced_accuracy": 0.55, "balanced_accuracy_95": [0.4, 0.75], "episodes": 16}
     assert env(0.6, wide).settings()["agreement"]["balanced_accuracy"] == 0.55  # not shown below the floor
+    # the controls fail in the simulator: a pair that imagines them succeeding cannot reach the floor
+    # (balanced >= 0.6 needs TNR >= 0.2); the H100 pair of bench/RESULTS.md held still to success 123 of 124 times
+    figures = {"pair_json_sha256": sha256_file(pair / "pair.json"), "agreement": wide}
+    for hold, refused in ((123, True), (90, False), (0, False)):
+        write_json(pair / "fidelity.json", {**figures, "controls": {"hold": {"successes": hold, "rollouts": 124},
+                                                                    "random": {"successes": 2, "rollouts": 124}}})
+        if refused:
+            with pytest.raises(PairError, match=r"123 of 124 rollouts of the control 'hold' .* more than 80%"):
+                env(0.6)
+        else:
+            assert env(0.6).agreement == wide
+    assert env(0.0).agreement == wide  # the floor off: no gate at all
     from wmrl.config import ConfigError, override
 
     with pytest.raises(ConfigError, match="min_agreement=1.5"):

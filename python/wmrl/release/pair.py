@@ -243,17 +243,29 @@ def check_contract(pair: ModelPair, *, image_size: int, chunk_size: int, views=V
                         "use a pair trained for this profile (make wm-update / make package with the same PROFILE)")
 
 
-def measured_agreement(pair: ModelPair) -> dict | None:
-    """The pair's episode agreement with the simulator as ``make wm-eval`` measured it for this
-    very ``pair.json``; None when it was not evaluated, or evaluated before the pair was packaged
-    again (a ``fidelity.json`` of other models)."""
+def measured_figures(pair: ModelPair) -> dict | None:
+    """``make wm-eval``'s figures of this very ``pair.json``; None when it was not evaluated, or
+    evaluated before the pair was packaged again (a ``fidelity.json`` of other models)."""
     fid = pair.root / FIDELITY_FILE
     if not fid.is_file():
         return None
     figures = read_json(fid, PairError, "")
     if figures.get("pair_json_sha256") != sha256_file(pair.root / "pair.json"):
         return None
-    return figures.get("agreement")
+    return figures
+
+
+def measured_agreement(pair: ModelPair) -> dict | None:
+    """The pair's episode agreement with the simulator as ``make wm-eval`` measured it (None:
+    unmeasured, ``measured_figures``)."""
+    return (measured_figures(pair) or {}).get("agreement")
+
+
+def wilson_high(hits: int, n: int, z: float = 1.96) -> float:
+    """Upper end of the Wilson 95% interval of a rate of ``hits`` in ``n``."""
+    p = hits / n
+    centre, spread = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return (centre + spread) / (1 + z * z / n)
 
 
 def signal_share(balanced: float | None) -> float | None:
@@ -273,9 +285,13 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
     """Refuse a pair whose measured agreement lies below ``floor`` with its whole 95% interval
     (few held-out episodes make a wide interval: only a pair shown to be worse is refused).
     Returns the agreement (None: unmeasured)."""
-    agreement = measured_agreement(pair)
+    figures = measured_figures(pair) or {}
+    agreement = figures.get("agreement")
+    if floor <= 0:
+        return agreement
+    check_controls(pair, figures.get("controls") or {}, floor)
     point = (agreement or {}).get("balanced_accuracy")
-    if point is None or floor <= 0:  # (None also where the held-out episodes all share one outcome)
+    if point is None:  # (also where the held-out episodes all share one outcome)
         return agreement
     low, high = agreement.get("balanced_accuracy_95") or (point, point)
     if high < floor:
@@ -287,6 +303,25 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
             f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
             "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")
     return agreement
+
+
+def check_controls(pair: ModelPair, controls: dict, floor: float) -> None:
+    """Refuse a pair that imagines success for a control (``hold``: zero actions, ``random``:
+    uniform ones; both fail in the simulator). Their imagined successes are false alarms, and the
+    balanced accuracy (TPR + TNR) / 2 reaches ``floor`` only with TNR >= 2 x floor - 1 even where
+    every real success is seen: a pair shown below that on a control (the upper end of the Wilson
+    interval of its TNR) cannot reach the floor, and GRPO in it would learn the control's behaviour."""
+    for name in ("hold", "random"):
+        c = controls.get(name) or {}
+        n, hits = c.get("rollouts") or 0, c.get("successes") or 0
+        if n and wilson_high(n - hits, n) < 2 * floor - 1:
+            raise PairError(
+                f"the model pair {pair.root} imagines success for {hits} of {n} rollouts of the control {name!r} "
+                f"({'zero actions' if name == 'hold' else 'random actions'}, which fail in the simulator; "
+                f"{FIDELITY_FILE}): GRPO in it would reward that. Its agreement cannot reach "
+                f"grpo.min_agreement={floor} while more than {2 - 2 * floor:.0%} of them succeed. Train its world models "
+                f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
+                "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")
 
 
 def train_further(pair: ModelPair) -> str:
