@@ -283,8 +283,9 @@ def signal_share(balanced: float | None) -> float | None:
 
 def check_agreement(pair: ModelPair, floor: float) -> dict | None:
     """Refuse a pair whose measured agreement lies below ``floor`` with its whole 95% interval
-    (few held-out episodes make a wide interval: only a pair shown to be worse is refused).
-    Returns the agreement (None: unmeasured)."""
+    (few held-out episodes make a wide interval: only a pair shown to be worse is refused), or
+    that imagines a control succeeding too often to reach it (``check_controls``). Returns the
+    agreement (None: unmeasured)."""
     figures = measured_figures(pair) or {}
     agreement = figures.get("agreement")
     if floor <= 0:
