@@ -573,8 +573,9 @@ class WMTrainConfig:
     # torch.compile's mode for the loss. "reduce-overhead" replays the update's kernels as CUDA
     # graphs (at micro batch 256 the H200 still waits on kernel launches: 1,024 trains 1.4-1.7x the
     # samples/s); "max-autotune-no-cudagraphs" times Triton's kernels against cuDNN's for every
-    # shape (minutes of compiling); "max-autotune" does both. Speed only; "default" until
-    # bench/wm_throughput.py's graphs / autotune variants show a gain on a GPU
+    # shape (minutes of compiling); "max-autotune" does both. Speed only; "default": CUDA graphs
+    # bought 1.02x at micro batch 1,024 (H100, bench/RESULTS.md "CUDA graphs on top of the compiled
+    # NHWC loss"), autotune is unmeasured (its search outlasted an 8-minute call)
     compile_mode: str = "default"
     ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
     ds_config_gpu: str = "data/worldmodel/ds_gpu.json"

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from wmrl.worldmodel.fidelity import HORIZONS, real_frames
+from wmrl.worldmodel.fidelity import HORIZONS, eef_distance_mm, real_frames
 
 # per kind of input, where each part of the observation comes from (the held start: the real chunk 0)
 INPUTS = {"real": {}, "imagined": {"main": "imagined", "wrist": "imagined", "proprio": "imagined"},
@@ -70,12 +70,12 @@ def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HOR
         acts = {k: np.asarray(runner.act(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
         dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in INPUTS if k != "real"}
         grip = lambda k: float((np.sign(acts[k][..., -1]) == np.sign(acts["real"][..., -1])).mean())  # noqa: E731
-        pos = {k: roll["proprio"][k][rows, h, :3].float() for k in ("real", "imagined")}  # end effector, metres
         out["horizons"][str(h)] = {
             "episodes": len(rows), **{f"action_gap_{k}": round(d, 4) for k, d in dist.items()},
             # where the imagined proprio puts the end effector (bench/view_sensitivity.py --view proprio
             # says what such an error costs the policy)
-            "eef_error_mm_imagined": round(1000 * float((pos["imagined"] - pos["real"]).norm(dim=-1).mean()), 2),
+            "eef_error_mm_imagined": round(float(eef_distance_mm(roll["proprio"]["imagined"][rows, h],
+                                                                 roll["proprio"]["real"][rows, h]).mean()), 2),
             "ratio": round(dist["imagined"] / dist["held"], 3) if dist["held"] > 0 else None,
             "gripper_agrees_imagined": round(grip("imagined"), 3), "gripper_agrees_held": round(grip("held"), 3)}
     return out
@@ -222,5 +222,4 @@ def psnr(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
 def eef_error_mm(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> float:
     """Mean distance (mm) between the end-effector positions (the proprio's first three values, in
     metres) of (E, T, P) proprio at the ``valid`` boundaries after the first."""
-    d = (a[..., :3].float() - b[..., :3].float()).norm(dim=-1)[:, 1:][valid[:, 1:]]
-    return float(1000 * d.mean())
+    return float(eef_distance_mm(a, b)[:, 1:][valid[:, 1:]].mean())

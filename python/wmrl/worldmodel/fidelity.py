@@ -64,6 +64,12 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
     return s.flatten(1).mean(1)
 
 
+def eef_distance_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance (mm) between the end-effector positions of two raw proprio tensors (..., P): their
+    first three values, in metres."""
+    return 1000 * (a[..., :3].float() - b[..., :3].float()).norm(dim=-1)
+
+
 @torch.no_grad()
 def open_loop(main_model, wrist_model, episodes, horizon: int, seed: int = 0, device="cpu", bf16: bool = True,
               hold_chunks: int = 0) -> dict:
@@ -141,10 +147,10 @@ def metrics(roll: dict, reward=None) -> dict:
             for name, guess in (("", roll["imagined"][v][ok, h]), ("_static", roll["real"][v][ok, 0])):
                 row[f"psnr_{v}{name}"] = round(float(psnr(guess, real).mean()), 2)
                 row[f"ssim_{v}{name}"] = round(float(ssim(guess, real).mean()), 4)
-        if "proprio" in roll:  # where the imagined proprio puts the end effector (raw, metres -> mm)
-            pos = roll["proprio"]["real"][ok, h, :3]
-            for name, guess in (("", roll["proprio"]["imagined"][ok, h, :3]), ("_static", roll["proprio"]["real"][ok, 0, :3])):
-                row[f"eef_error_mm{name}"] = round(1000 * float((guess.float() - pos.float()).norm(dim=-1).mean()), 1)
+        if "proprio" in roll:  # where the imagined proprio puts the end effector
+            real = roll["proprio"]["real"][ok, h]
+            for name, guess in (("", roll["proprio"]["imagined"][ok, h]), ("_static", roll["proprio"]["real"][ok, 0])):
+                row[f"eef_error_mm{name}"] = round(float(eef_distance_mm(guess, real).mean()), 1)
         out["horizons"][str(h)] = row
     if reward is not None:
         valid = roll["valid"]
