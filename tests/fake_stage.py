@@ -7,7 +7,8 @@ whole tiny cycle runs in ``make demo``.
 
 FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to be killed);
 FAKE_SLOW=<stem>[:seconds],... takes that long (3 s) and appends "<stem>-end" when done;
-FAKE_AGREEMENT=<x> makes wm_eval measure the pair's agreement with the simulator at x (0.75);
+FAKE_AGREEMENT=<x> makes wm_eval measure the pair's agreement with the simulator at x (0.75),
+FAKE_AGREEMENT_STUDENTS=<x> the students' pair's (default: FAKE_AGREEMENT's);
 every call is appended to FAKE_CALLS (one line: the script's stem)."""
 
 import hashlib
@@ -50,16 +51,23 @@ def main(argv):
     elif script == "wm_update":
         (run / "train").mkdir(parents=True, exist_ok=True)
         (run / "train" / "selected_world_models.json").write_text(json.dumps({"init": flag(args, "--init-pair")}))
+    elif script == "wm_distill":
+        (run / "train").mkdir(parents=True, exist_ok=True)
+        (run / "train" / "selected_students.json").write_text(json.dumps({"students": run.name}))
     elif script == "wm_reward":
-        (run / "worldmodels" / "reward").mkdir(parents=True, exist_ok=True)
-        (run / "worldmodels" / "reward" / "config.json").write_text("{}")
+        reward = run / "worldmodels" / ("reward_students" if "--students" in args else "reward")
+        reward.mkdir(parents=True, exist_ok=True)
+        (reward / "config.json").write_text("{}")
     elif script == "package_pair":
-        (run / "model_pair").mkdir(parents=True, exist_ok=True)
-        (run / "model_pair" / "pair.json").write_text(json.dumps({"run": run.name}))
+        pair = Path(flag(args, "--out", run / "model_pair"))
+        pair.mkdir(parents=True, exist_ok=True)
+        (pair / "pair.json").write_text(json.dumps({"run": run.name, "students": "--students" in args}))
     elif script == "wm_eval":  # FAKE_AGREEMENT=x: the pair measured at x (interval x-x), bound to its pair.json
-        agreement = float(os.environ.get("FAKE_AGREEMENT", "0.75"))
-        pair_sha = hashlib.sha256((run / "model_pair" / "pair.json").read_bytes()).hexdigest()
-        (run / "model_pair" / "fidelity.json").write_text(json.dumps({"episodes": 2, "pair_json_sha256": pair_sha,
+        pair = Path(flag(args, "--pair", run / "model_pair"))
+        students = pair.name == "model_pair_students" and os.environ.get("FAKE_AGREEMENT_STUDENTS")
+        agreement = float(students or os.environ.get("FAKE_AGREEMENT", "0.75"))
+        pair_sha = hashlib.sha256((pair / "pair.json").read_bytes()).hexdigest()
+        (pair / "fidelity.json").write_text(json.dumps({"episodes": 2, "pair_json_sha256": pair_sha,
             "agreement": {"balanced_accuracy": agreement, "balanced_accuracy_95": [agreement, agreement], "episodes": 2},
             "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
     elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from wmrl.config import get_config
-from wmrl.cycle import STAGES, CycleError, CycleJob, load_state, main, plan, stage_env
+from wmrl.cycle import STAGES, STUDENT_STAGES, CycleError, CycleJob, load_state, main, plan, stage_env
 from wmrl.preflight import GPUBusy
 from wmrl.procs import LockError, exclusive
 
@@ -34,6 +34,8 @@ def calls(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("FAKE_FAIL", raising=False)
     monkeypatch.delenv("FAKE_HANG", raising=False)
     monkeypatch.delenv("FAKE_SLOW", raising=False)
+    monkeypatch.delenv("FAKE_AGREEMENT", raising=False)
+    monkeypatch.delenv("FAKE_AGREEMENT_STUDENTS", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi unless a test puts one there
     return path
 
@@ -379,6 +381,50 @@ def test_a_pair_below_the_agreement_floor_skips_grpo_and_the_next_cycle_collects
     assert c2["policy_in"] == "sft/10" and c2["grpo_from"] == c1["grpo_from"] and c2["collect_seed"] != c1["collect_seed"]
     assert "grpo_skipped" not in c2 and called(calls).count("grpo") == 1
     assert c2["lineage"]["policy_out"] == str(c2["grpo_to"])
+
+
+def test_students_put_grpo_in_the_distilled_pair_which_the_gate_measures(tmp_path, calls, monkeypatch):
+    """cycle.students (STUDENTS=1): after wm_eval the cycle distils the students, trains their
+    reward, packs and measures their pair, and GRPO rolls out there; the gate reads that pair's
+    agreement, the lineage names it, the next cycle's update continues from the teachers' pair,
+    and an unfinished cycle keeps the setting it began with."""
+    students = dataclasses.replace(get_config("cycle_tiny"), students=True, min_agreement=0.6)
+    run = new_run(tmp_path)
+    steps = plan(job(run, cfg=students, cycles=2))
+    names = list(STAGES)
+    names[names.index("grpo"):names.index("grpo")] = STUDENT_STAGES
+    assert [s["stage"] for s in steps] == names * 2
+    c = {(s["cycle"], s["stage"]): s["command"] for s in steps}
+    assert f"--pair {run / 'cycles/cycle_1/model_pair_students'}" in c[1, "grpo"]
+    assert f"--pair {run / 'cycles/cycle_1/model_pair_students'}" in c[1, "wm_eval_students"]
+    assert f"--init-pair {run / 'cycles/cycle_1/model_pair'}" in c[2, "wm_update"]
+    assert "--students" in c[1, "reward_students"] and "--students" in c[1, "package_students"]
+
+    monkeypatch.setenv("FAKE_AGREEMENT", "0.5")  # the teachers' pair would be refused; the students' passes
+    monkeypatch.setenv("FAKE_AGREEMENT_STUDENTS", "0.8")
+    main(job(run, cfg=students))
+    c1 = load_state(run)["cycles"]["1"]
+    assert "grpo_skipped" not in c1 and c1["students"] is True
+    assert called(calls)[-1] == "grpo" and called(calls).count("wm_distill") == 1
+    assert c1["lineage"]["pair"] == str(run / "cycles/cycle_1/model_pair_students")
+    ck = run / "weights/policy/global_step_2/model.safetensors"
+    assert ck.read_text() == "policy 2 from model_pair_students"
+
+    run2 = new_run(tmp_path, "run2")  # the students' pair below the floor: refused, whatever the teachers'
+    monkeypatch.setenv("FAKE_AGREEMENT", "0.8")
+    monkeypatch.setenv("FAKE_AGREEMENT_STUDENTS", "0.5")
+    main(job(run2, cfg=students))
+    assert "0.50" in load_state(run2)["cycles"]["1"]["grpo_skipped"]
+
+    run3 = new_run(tmp_path, "run3")  # killed in distill, rerun without STUDENTS=1: refused, nothing runs
+    monkeypatch.setenv("FAKE_FAIL", "wm_distill")
+    with pytest.raises(CycleError):
+        main(job(run3, cfg=students))
+    monkeypatch.delenv("FAKE_FAIL")
+    before = called(calls)
+    with pytest.raises(CycleError, match="began with the world models' students"):
+        main(job(run3))
+    assert called(calls) == before
 
 
 def test_the_orchestrator_asks_the_agreement_gate_without_torch(tmp_path):

@@ -994,6 +994,12 @@ class CycleConfig:
     # GRPO's floor on the pair's agreement with the simulator, which the cycle's wm-eval measures
     # just before (grpo.min_agreement; 0: GRPO trains in any pair)
     min_agreement: float = MIN_AGREEMENT
+    # GRPO in the world models' one-step students instead of the updated models themselves: after
+    # wm_eval the cycle distils them (make wm-distill), trains their own reward, packs and measures
+    # their pair, and GRPO rolls out there. On an H100 the students' rollouts took half the time
+    # with GRPO's real result no worse (bench/RESULTS.md, nineteenth session); the next cycle's
+    # update still continues from the updated models, not the students.
+    students: bool = False
 
     def __post_init__(self) -> None:
         if self.success_chunks < 1:

@@ -14,6 +14,10 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
     reward     the reward model on this manifest                     -> cycle_n/worldmodels/reward/
     package    the model pair (hashes, keyframes)                    -> cycle_n/model_pair/
     wm_eval    held-out real episodes replayed in the pair: agreement, fidelity, videos
+    (``cycle.students``, STUDENTS=1: four stages more, and GRPO rolls out in the students' pair)
+    distill, reward_students, package_students, wm_eval_students
+               the pair's one-step students, their own reward, their pair and its wm_eval
+                                                                     -> cycle_n/model_pair_students/
     grpo       GRPO inside the pair from the current policy, ``grpo_steps`` further (60 -> 80);
                waits for evaluate_start            -> RUN/weights/policy/global_step_T
     evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
@@ -51,6 +55,7 @@ from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreeme
 
 FORMAT = "wmrl-cycle/1"
 STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
+STUDENT_STAGES = ("distill", "reward_students", "package_students", "wm_eval_students")  # after wm_eval (students)
 
 
 class CycleError(ConfigError):
@@ -121,7 +126,12 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
     (``planning``: a dry run before the supervised policy exists names the one to come)."""
     key = str(n)
     if key in state["cycles"]:
-        return follow_grpo_steps(job, state["cycles"][key], n, planning)
+        rec = state["cycles"][key]
+        if not rec.get("finished") and rec.get("students", False) != job.cfg.students:
+            raise CycleError(f"cycle {n} of {job.run} began {'with' if rec.get('students') else 'without'} the "
+                             f"world models' students (STUDENTS={int(bool(rec.get('students')))}): rerun with that "
+                             "setting to finish it; the next cycle may change it")
+        return follow_grpo_steps(job, rec, n, planning)
     layout = RunLayout(job.run)
     if n == 1:
         full = layout.policy_steps("policy", full=True)
@@ -145,6 +155,7 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
             start, policy = prev["grpo_to"], str(prev["grpo_to"])
     rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
            "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
+           "students": job.cfg.students,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
     state["cycles"][key] = rec
     return rec
@@ -169,6 +180,12 @@ def follow_grpo_steps(job: CycleJob, rec: dict, n: int, planning: bool) -> dict:
     return rec
 
 
+def grpo_pair(rec: dict) -> Path:
+    """The pair GRPO rolls out in: the updated world models', or their students' (``cycle.students``)."""
+    c = RunLayout(rec["dir"])
+    return c.student_pair if rec.get("students") else c.model_pair
+
+
 def pair_refused(job: CycleJob, rec: dict) -> str | None:
     """GRPO's own gate (``cycle.min_agreement``, as ``grpo.min_agreement``), asked before GRPO
     starts: the refusal when the cycle's wm-eval measured its pair below the floor, else None.
@@ -176,7 +193,7 @@ def pair_refused(job: CycleJob, rec: dict) -> str | None:
     if any(s > rec["grpo_from"] for s in RunLayout(job.run).policy_steps("policy")):
         return None
     try:  # only the pair's folder is read (its fidelity.json and pair.json); GRPO verifies the rest
-        check_agreement(ModelPair(RunLayout(rec["dir"]).model_pair, {}), job.cfg.min_agreement)
+        check_agreement(ModelPair(grpo_pair(rec), {}), job.cfg.min_agreement)
     except PairError as e:
         return str(e)
     return None
@@ -210,7 +227,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
     start = start_evidence(run, rec["policy_in"]) if rec["policy_in"] != "sft/N" else None  # None: a dry run's plan
     grpo = get_profile(job.profile).grpo  # GRPO's evaluations compare with this one: its sampler and episodes
     wm_minutes = job.max_minutes or job.cfg.wm_max_minutes or None  # the command line's, else the profile's
-    return [
+    pair = grpo_pair(rec)
+    stages = [
         Stage("collect", "train", (
             "python/collect.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--out", str(cl.collect),
             "--seed", str(rec["collect_seed"]), "--no-progress", *opt("--episodes", job.episodes),
@@ -235,7 +253,7 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "python/wm_eval.py", "--run", str(c), "--episodes", str(job.cfg.wm_eval_episodes), "--videos",
             str(job.cfg.videos), "--seed", str(job.seed)), (cl.model_pair / FIDELITY_FILE,), gpu=True, verify=False),
         Stage("grpo", "train", (
-            *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(cl.model_pair),
+            *per_gpu(job), "python/grpo.py", *prof, "--run-dir", str(run), "--env", "wm", "--pair", str(pair),
             "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers),
             *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ()),
             # as for success_chunks: a flag only where the cycle's floor is not the profile's GRPO floor
@@ -245,6 +263,20 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
             *opt("--workers", job.workers)), (evidence,), gpu=True, skip_if=evidence, verify=False),
     ]
+    if rec.get("students"):  # the students, their reward, pair and wm_eval, between wm_eval and grpo
+        at = [st.name for st in stages].index("grpo")
+        stages[at:at] = [
+            Stage("distill", "wm", ("python/wm_distill.py", *prof, "--run", str(c), "--no-progress"),
+                  (cl.student_selection,), gpu=True),
+            Stage("reward_students", "wm", ("python/wm_reward.py", *prof, "--run", str(c), "--students", "--no-progress"),
+                  (cl.student_reward,), gpu=True),
+            Stage("package_students", "wm", ("python/package_pair.py", *prof, "--run", str(c), "--students", "--out",
+                                             str(pair)), (pair / "pair.json",), skip_if=pair / "pair.json"),
+            Stage("wm_eval_students", "wm", (
+                "python/wm_eval.py", "--run", str(c), "--pair", str(pair), "--episodes", str(job.cfg.wm_eval_episodes),
+                "--videos", str(job.cfg.videos), "--seed", str(job.seed)), (pair / FIDELITY_FILE,), gpu=True, verify=False),
+        ]
+    return stages
 
 
 def per_gpu(job: CycleJob) -> list[str]:
@@ -461,9 +493,10 @@ def lineage(run: Path, rec: dict) -> dict:
     skipped = bool(rec.get("grpo_skipped"))  # the policy left the cycle as it came in
     after = None if skipped else RunLayout(run).evidence(rec["grpo_to"])
     rate = lambda p: read_json(p, CycleError, "")["summary"]["success_rate"] if p and p.exists() else None  # noqa: E731
+    pair, packed = grpo_pair(rec), "package_students" if rec.get("students") else "package"
     return {"policy_in": rec["policy_in"], "data": str(c.collect), "data_sha256": sha("collect", c.collect),
-            "manifest_sha256": sha("manifest", c.manifest), "pair": str(c.model_pair),
-            "pair_sha256": sha("package", c.model_pair / "pair.json"),
+            "manifest_sha256": sha("manifest", c.manifest), "pair": str(pair),
+            "pair_sha256": sha(packed, pair / "pair.json"),
             "policy_out": rec["policy_in"] if skipped else f"{rec['grpo_to']}",
             "policy_out_sha256": None if skipped else sha("grpo", RunLayout(run).checkpoint(rec["grpo_to"])),
             "success_before": rate(before), "success_after": rate(after)}

@@ -19,6 +19,7 @@ paths. The layout follows the original system's release (seed 000):
       worldmodels/{main,wrist}_student/      few-step students (make wm-distill): weights, state.pt
       train/selected_students.json           the students' newest weights (make package STUDENTS=1)
       model_pair/pair.json                   the packaged pair (world models, reward, keyframes)
+      model_pair_students/pair.json          the students' pair (make package STUDENTS=1; make cycle STUDENTS=1)
       grpo/                                  GRPO's keyframe index, rollout log and curves
       logs/                                  JSONL logs, TensorBoard events, figures
 """
@@ -126,6 +127,11 @@ class RunLayout:
     @property
     def model_pair(self) -> Path:
         return self.root / "model_pair"
+
+    @property
+    def student_pair(self) -> Path:
+        """``model_pair_students``: the few-step students packed as a pair with their own reward."""
+        return self.root / "model_pair_students"
 
     # ---- GRPO
     @property

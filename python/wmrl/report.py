@@ -101,7 +101,10 @@ def blocks(run: Path) -> list[Block]:
                 ["policy trained in the pair", f"GRPO step {lin['policy_out']}" if lin["policy_out_sha256"] else
                  f"none ({lin['policy_out']} went on)", _short(lin["policy_out_sha256"])],
                 ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"]]))
-        out += world_models(RunLayout(c["dir"]).model_pair, run)
+        cl = RunLayout(c["dir"])
+        for pair in (cl.model_pair, cl.student_pair):  # the students' pair where the cycle distilled one (STUDENTS=1)
+            if pair.is_dir():
+                out += world_models(pair, run)
 
     # ---- curves
     for path, caption in ((layout.logs / "grpo_curves.png", "GRPO: rollout success, update statistics"),
