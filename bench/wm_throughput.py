@@ -76,7 +76,8 @@ def flops_per_sample(model, cfg, device) -> float:
 
 
 VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
-            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune")
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "channels_last+cudnn")
+# +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark) with any of them
 # the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
 COMPILED = {"nhwc", "graphs", "autotune"}
 
@@ -85,12 +86,12 @@ def variant_options(variant: str) -> dict:
     """A ``--variants`` entry -> the ``WMTrainConfig`` speed fields it sets; an unknown one exits
     with the choices (checked for every entry before anything loads)."""
     options = set(variant.split("+")) - {"eager"}
-    if options - {"channels_last", "compile"} - COMPILED or (options & COMPILED and "compile" not in options):
+    if options - {"channels_last", "compile", "cudnn"} - COMPILED or (options & COMPILED and "compile" not in options):
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     mode = {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
             (True, True): "max-autotune"}["graphs" in options, "autotune" in options]
     return {"channels_last": "channels_last" in options, "compile": "compile" in options,
-            "compile_nhwc": "nhwc" in options, "compile_mode": mode}
+            "compile_nhwc": "nhwc" in options, "compile_mode": mode, "cudnn_benchmark": "cudnn" in options}
 
 
 def bench_training(prof, args, device, variant: str = "eager") -> dict:

@@ -577,6 +577,12 @@ class WMTrainConfig:
     # bought 1.02x at micro batch 1,024 (H100, bench/RESULTS.md "CUDA graphs on top of the compiled
     # NHWC loss"), autotune is unmeasured (its search outlasted an 8-minute call)
     compile_mode: str = "default"
+    # cuDNN times its convolution algorithms for each new shape and keeps the fastest
+    # (torch.backends.cudnn.benchmark); training's shapes never change, and the convolutions'
+    # backward is the largest share of an update's GPU time (45.7% at micro batch 1,024, H200).
+    # Measured under compile+NHWC on an H100, micro batch 1,024: no gain beyond the spread of
+    # repeats (8,103 vs 8,014 and 7,622 vs 7,728 / 7,364 samples/s; bench/RESULTS.md). Speed only
+    cudnn_benchmark: bool = False
     ds_config_cpu: str = "data/worldmodel/ds_cpu.json"
     ds_config_gpu: str = "data/worldmodel/ds_gpu.json"
 

@@ -1,6 +1,7 @@
 """World models: data at chunk boundaries, the manifest, the EDM model, DeepSpeed training
 (CPU, gloo) with resume and the seed's stop rule. Runs in .venv/wm."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -170,6 +171,14 @@ def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
     before = inductor.force_layout_optimization
     objective = speed_up(Objective(FrameWorldModel(TINY.main), 1.0), TINY.train)
     assert inductor.force_layout_optimization == before and not objective.model.channels_last
+    # cuDNN's algorithm search: off by default (measured no faster), set either way
+    try:
+        speed_up(Objective(FrameWorldModel(TINY.main), 1.0), dataclasses.replace(TINY.train, cudnn_benchmark=True))
+        assert torch.backends.cudnn.benchmark
+        speed_up(Objective(FrameWorldModel(TINY.main), 1.0), TINY.train)
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.backends.cudnn.benchmark = False
 
 
 def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
@@ -186,8 +195,10 @@ def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     assert bench.variant_options("compile+nhwc+graphs+autotune") == {
-        "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune"}
+        "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune",
+        "cudnn_benchmark": False}
     assert bench.variant_options("compile")["compile_mode"] == "default"
+    assert bench.variant_options("channels_last+cudnn")["cudnn_benchmark"]
     for variant in bench.VARIANTS:  # every listed variant is a valid training config
         override(TINY.train, **bench.variant_options(variant))
     for bad in ("nhwc", "graphs", "compile+fast"):

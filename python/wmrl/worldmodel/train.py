@@ -174,7 +174,11 @@ def own_context(model, data, idx: torch.Tensor, batch: dict, fraction: float, vi
 
 def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
     """The training config's speed options, in place (parameter names, hence checkpoints and
-    exported weights, stay as they are): NHWC layout and ``torch.compile`` of the loss."""
+    exported weights, stay as they are): NHWC layout, cuDNN's algorithm search and
+    ``torch.compile`` of the loss."""
+    import torch
+
+    torch.backends.cudnn.benchmark = t.cudnn_benchmark  # set either way, as the layout option below
     if t.channels_last:
         objective.model.use_channels_last()
     if t.compile:
