@@ -452,7 +452,7 @@ def phase_distill(v: dict, env: dict) -> None:
     stage("wm_distill", "wm_distill.py", ["--run", run, "--no-progress",  # its own name: it chains after wm (STEPS)
                                           *(["--steps", v["DISTILL_STEPS"]] if "DISTILL_STEPS" in v else []),
                                           *(["--self-forcing-steps", v["SF_STEPS"]] if "SF_STEPS" in v else [])], env)
-    students = f"{run}/model_pair_students"
+    students = str(RunLayout(run).student_pair)
     stage("wm_reward_students", "wm_reward.py", ["--run", run, "--students", "--no-progress", "--overwrite"], env)
     stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
     for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):
