@@ -78,6 +78,9 @@ returns only a few files).
 
 A phase that stops at a call's end is continued by running it again: every stage resumes.
 
+What the calls carry (.offline/py312, .offline/wm312, .offline/policy, .gl) is ignored by git and
+does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it (a few minutes).
+
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
 the tree is replaced at every call): the first call carries .offline/py312, .offline/policy and
 .gl, prepares, copies the tree to /root/tree (``runs`` linked to /root/runs) and starts the whole

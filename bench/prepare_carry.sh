@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What a lent GPU machine's calls carry with the tree (bench/gpu.py's docstring), rebuilt in a
+# checkout that has none of it (these folders are ignored by git and do not outlive a checkout):
+#   .offline/policy/sft4000_run12.tar.xz  the carried supervised policy (run 12), from git history
+#   .offline/py312                        the simulator side for the GPU host's Python 3.12
+#   .offline/wm312                        DeepSpeed wheels for its world-model phases
+#   .gl/*.deb                             the EGL/Vulkan loaders MuJoCo renders through there
+# Idempotent: what is present is kept (the policy pack's SHA-256 is checked either way).
+#   bash bench/prepare_carry.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for p in /.gl/ /.offline/; do  # never committed (they would travel with every call and exceed its 64 MiB)
+  grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
+done
+
+pack=.offline/policy/sft4000_run12.tar.xz
+sha=e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7  # bench/RESULTS.md "Run 12"
+if [ ! -f "$pack" ]; then
+  mkdir -p .offline/policy
+  git show 9352d953:bench/packs/sft4000_run12.tar.xz > "$pack.tmp" && mv "$pack.tmp" "$pack"
+fi
+echo "$sha  $pack" | sha256sum -c --quiet || { echo "error: $pack is not run 12's pack: delete it and rerun" >&2; exit 2; }
+
+make --no-print-directory .venv/train/.lock.sha256 .venv/wm/.lock.sha256 >/dev/null
+[ -f .offline/py312/MANIFEST.json ] || make --no-print-directory offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312
+ls .offline/wm312/deepspeed-*.whl >/dev/null 2>&1 || bash bench/make_wm_wheels.sh .offline/wm312
+
+if ! ls .gl/libegl1_*.deb >/dev/null 2>&1; then  # Debian's loaders, as the device README says (any host arch)
+  mkdir -p .gl /tmp/amd64/partial
+  o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64)
+  apt-get "${o[@]}" update -qq
+  (cd .gl && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+du -sh .offline/* .gl
