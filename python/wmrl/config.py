@@ -888,6 +888,11 @@ class GRPOConfig:
     target_kl: float = 0.02  # stop a step's update once the approximate KL per element passes this (0: never)
     epochs: int = 1  # passes over each step's rollouts
     minibatches: int = 16  # optimizer steps per pass (the chunks split evenly; ~750 chunks each at 512 rollouts)
+    # At most this many chunks per forward and backward pass: a minibatch of more accumulates its
+    # gradient over several passes before its one optimizer step (the same update, bounded memory).
+    # The default policy's update holds ~45 MiB of activations a chunk in fp32 (CPU, K = 10;
+    # roughly half under bf16): 4x the groups of a step would put ~2,000 chunks in a minibatch.
+    micro_chunks: int = 512
     adv_eps: float = 1e-6
     eval_interval: int = 5  # policy weights + a real-simulator evaluation every N steps
     full_interval: int = 10  # the full state (optimizer, RNG, position) every N steps and at the last
@@ -942,6 +947,9 @@ class GRPOConfig:
                               f"lr_min={self.lr_min} <= lr={self.lr} <= lr_max={self.lr_max} (all in (0, 1))")
         if self.kl_coef < 0 or self.epochs < 1 or self.minibatches < 1 or self.adv_eps <= 0 or self.target_kl < 0:
             raise ConfigError("grpo: kl_coef >= 0, epochs >= 1, minibatches >= 1, adv_eps > 0, target_kl >= 0")
+        if self.micro_chunks < 1:
+            raise ConfigError(f"grpo.micro_chunks={self.micro_chunks}: chunks per forward/backward pass, >= 1 "
+                              "(512; fewer for less GPU memory)")
         if self.ratio_transitions < 0:
             raise ConfigError(f"grpo.ratio_transitions={self.ratio_transitions}: 0 (all K transitions) or N >= 1 "
                               "(the first N)")

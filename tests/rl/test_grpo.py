@@ -153,6 +153,40 @@ def test_one_update_changes_the_parameters_and_lowers_the_surrogate(sft_run):
     assert surrogate() < s0
 
 
+def test_an_update_in_passes_of_a_few_chunks_is_the_update_in_one(sft_run):
+    """grpo.micro_chunks: a minibatch larger than it accumulates its gradient over several
+    forward/backward passes (bounded memory) and takes the same optimizer step as in one pass,
+    with the same statistics; chunk weights and the KL term included."""
+    import copy
+
+    from wmrl.config import override
+
+    model, loaded, batch = _policy_and_batch(sft_run)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():  # a reference that differs, so the KL term has a gradient
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    norm, adv = loaded.norm.tensors(), torch.tensor([1.5, -0.5, 1.0, -1.0, 0.5, -1.5])
+    batch = {**batch, "rollout": torch.tensor([0, 0, 1, 2, 2, 2])}  # unequal chunk weights ("sequence")
+    after = {}
+    for micro in (6, 4, 1):
+        m = copy.deepcopy(model)
+        cfg = override(TINY.grpo, minibatches=1, lr=1e-3, micro_chunks=micro, kl_coef=0.1, target_kl=0.0)
+        opt = torch.optim.SGD(m.parameters(), lr=cfg.lr)  # linear in the gradient (Adam's first step is its sign)
+        st = grpo.update(m, opt, batch, adv, cfg, norm=norm, lang=loaded.lang, ref_model=ref,
+                         autocast=torch.autocast("cpu", enabled=False), step=2)
+        after[micro] = (st, {k: v.clone() for k, v in m.state_dict().items()})
+    one_st, one = after[6]
+    assert one_st["optimizer_steps"] == 1 and one_st["kl_ref"] > 0
+    for micro in (4, 1):
+        st, params = after[micro]
+        for k in one:
+            torch.testing.assert_close(params[k], one[k], rtol=1e-4, atol=1e-6)
+        for k in ("loss", "clip_fraction", "approx_kl", "kl_ref", "ratio_max", "grad_norm"):
+            assert st[k] == pytest.approx(one_st[k], rel=1e-4, abs=1e-7), k
+    assert any(not torch.equal(one[k], v) for k, v in model.state_dict().items())
+
+
 def test_expert_only_training_leaves_the_encoder_as_it_was(sft_run):
     """trainable="expert": the optimizer holds the action expert's parameters only; an update
     changes them, lowers the surrogate, and leaves every encoder weight bit-identical."""

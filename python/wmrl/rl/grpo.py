@@ -334,28 +334,19 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
     for _ in range(cfg.epochs):
         perm = keep[torch.randperm(len(keep), generator=g).to(keep.device)]
         for idx in perm.tensor_split(n_mb):
-            with autocast:
-                new_lp = element_log_prob(model, norm, lang, batch, idx, cfg)
-                loss, st = clipped_surrogate(new_lp.float(), batch["old_lp"][idx], sample_adv[idx], cfg.clip_low,
-                                             cfg.clip_high, weights[idx])
-                if cfg.kl_coef > 0 and ref_model is not None:
-                    with torch.no_grad():
-                        ref_lp = element_log_prob(ref_model, norm, lang, batch, idx, cfg).float()
-                    d = ref_lp - new_lp.float()
-                    kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
-                    loss = loss + cfg.kl_coef * kl
-                    st["kl_ref"] = float(kl)
+            opt.zero_grad(set_to_none=True)
+            st = minibatch_gradient(model, batch, idx, sample_adv, weights, cfg, norm=norm, lang=lang, autocast=autocast,
+                                    ref_model=ref_model)
             if stats["optimizer_steps"] == 0:  # before any change: the recompute's numerical floor
                 stats["approx_kl_start"] = st["approx_kl"]
             if cfg.target_kl > 0 and st["approx_kl"] > cfg.target_kl and stats["optimizer_steps"] > 0:
                 stats["early_stop"] = True  # the policy has moved far enough from the one that acted
                 stats["approx_kl_stop"] = st["approx_kl"]
+                opt.zero_grad(set_to_none=True)  # this minibatch's gradient is not applied
                 break
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             opt.step()
-            st.update(loss=float(loss.detach()), grad_norm=float(gnorm))
+            st.update(grad_norm=float(gnorm))
             for k, v in st.items():
                 sums[k] = sums.get(k, 0.0) + v
             stats["optimizer_steps"] += 1
@@ -367,6 +358,37 @@ def update(model, opt, batch: dict, adv: torch.Tensor, cfg: GRPOConfig, *, norm,
         stats["approx_kl_final"] = final_kl(model, norm, lang, batch, keep, n_mb, cfg, autocast)
         stats["lr_next"] = adapt_lr(opt, stats["approx_kl_final"], cfg)
     return stats
+
+
+def minibatch_gradient(model, batch: dict, idx: torch.Tensor, sample_adv: torch.Tensor, weights: torch.Tensor,
+                       cfg: GRPOConfig, *, norm, lang, autocast, ref_model=None) -> dict:
+    """The gradient of one minibatch's loss (the clipped surrogate, weighted mean over its chunks,
+    plus the KL term when asked) into ``.grad``, in passes of at most ``cfg.micro_chunks`` chunks:
+    each pass's loss is scaled by its share of the minibatch, so the sum is the whole minibatch's
+    gradient while only one pass's activations are held. Returns the minibatch's statistics (means
+    over its elements, the largest ratio)."""
+    wsum = weights[idx].sum()
+    st = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "ratio_max": 0.0}
+    for piece in idx.split(cfg.micro_chunks):
+        part = len(piece) / len(idx)  # its share of the minibatch's elements (every chunk has as many)
+        with autocast:
+            new_lp = element_log_prob(model, norm, lang, batch, piece, cfg)
+            surrogate, ps = clipped_surrogate(new_lp.float(), batch["old_lp"][piece], sample_adv[piece], cfg.clip_low,
+                                              cfg.clip_high, weights[piece])
+            loss = surrogate * (weights[piece].sum() / wsum)  # the weighted mean over the whole minibatch
+            if cfg.kl_coef > 0 and ref_model is not None:
+                with torch.no_grad():
+                    ref_lp = element_log_prob(ref_model, norm, lang, batch, piece, cfg).float()
+                d = ref_lp - new_lp.float()
+                kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
+                loss = loss + cfg.kl_coef * kl * part
+                st["kl_ref"] += float(kl) * part
+        loss.backward()
+        st["loss"] += float(loss.detach())
+        st["clip_fraction"] += ps["clip_fraction"] * part
+        st["approx_kl"] += ps["approx_kl"] * part
+        st["ratio_max"] = max(st["ratio_max"], ps["ratio_max"])
+    return st
 
 
 def measures_agreement(cfg: GRPOConfig, step: int) -> bool:
