@@ -25,8 +25,9 @@ Read top to bottom; one GRPO step is
                  -min(r A, clip(r, 1 - 0.2, 1 + 0.28) A), averaged over a chunk's elements and
                  then over rollouts (each rollout weighs the same); optional KL to the policy
                  GRPO started from (k3 estimator, off by default); gradient clipping;
-                 ``epochs`` x ``minibatches`` optimizer steps, stopped early once the
-                 approximate KL passes ``target_kl``
+                 ``epochs`` x ``minibatches`` optimizer steps (each minibatch's gradient
+                 accumulated over passes of at most ``micro_chunks`` chunks, for memory),
+                 stopped early once the approximate KL passes ``target_kl``
     5. step size the KL between the policy that acted and the updated one, measured on the
                  step's chunks over the whole denoising chain, sets the next step's learning
                  rate (x or / 1.5 towards ``desired_kl``): how far one step moves the flow policy varies too much
