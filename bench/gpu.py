@@ -50,7 +50,9 @@ returns only a few files).
     python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 SF_STEPS=600 BATCHES=64,256]   (after wm: one-step
                                students against their teachers: fidelity, imagined steps/s with the policy;
                                SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation;
-                               after a cycle: unpack+cycle+distill ... DISTILL_RUN=runs/h200/cycles/cycle_1)
+                               after a cycle: unpack+cycle+distill ... DISTILL_RUN=runs/h200/cycles/cycle_1;
+                               GRPO in the students: unpack+wm+distill+grpo ... ENV=wm
+                               PAIR=runs/h200/model_pair_students GROUPS=256 (their rollouts take half the time))
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables;
                                compile's own: compile+nhwc, compile+nhwc+graphs, compile+nhwc+autotune)
