@@ -76,8 +76,8 @@ def flops_per_sample(model, cfg, device) -> float:
 
 
 VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
-            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "channels_last+cudnn")
-# +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark) with any of them
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn")
+# +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark), with any of them
 # the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
 COMPILED = {"nhwc", "graphs", "autotune"}
 
