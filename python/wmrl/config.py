@@ -830,6 +830,11 @@ class GRPOConfig:
     # measured it for this very pair.json, lies below this with its whole 95% interval (0: never
     # refuse). A pair that was not evaluated is only named in the log.
     min_agreement: float = MIN_AGREEMENT
+    # In imagination (env=wm): at most this many rollouts imagined at once; a step of more runs its
+    # groups in slices (whole groups: a group's shared world noise stays shared), the same outcomes
+    # with GPU memory bounded. 256 groups x 8 = 2,048 rollouts a step, the policy and both world
+    # models in the loop, two runs sharing one GPU: the slice keeps each run's peak where 128 groups put it.
+    wm_batch: int = 1024
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
     lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
@@ -947,6 +952,9 @@ class GRPOConfig:
                               f"lr_min={self.lr_min} <= lr={self.lr} <= lr_max={self.lr_max} (all in (0, 1))")
         if self.kl_coef < 0 or self.epochs < 1 or self.minibatches < 1 or self.adv_eps <= 0 or self.target_kl < 0:
             raise ConfigError("grpo: kl_coef >= 0, epochs >= 1, minibatches >= 1, adv_eps > 0, target_kl >= 0")
+        if self.wm_batch < self.group_size:
+            raise ConfigError(f"grpo.wm_batch={self.wm_batch}: rollouts imagined at once, at least one group "
+                              f"(group_size={self.group_size}); 1024 default, fewer for less GPU memory")
         if self.micro_chunks < 1:
             raise ConfigError(f"grpo.micro_chunks={self.micro_chunks}: chunks per forward/backward pass, >= 1 "
                               "(512; fewer for less GPU memory)")

@@ -5,10 +5,12 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
+from wmrl.config import ConfigError, GRPOConfig
 from wmrl.policy import checkpoint as ck
 from wmrl.rl import grpo
 
@@ -566,6 +568,35 @@ def test_a_groups_rollouts_share_the_world_models_noise_unless_asked_otherwise(p
     with pytest.raises(ValueError, match="group or rollout"):
         ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=1, seed=0, max_chunks=1, image_size=64,
                     chunk_size=8, index_dir=None, world_noise="episode")
+
+
+def test_a_step_imagined_in_slices_of_whole_groups_has_the_outcomes_of_one_batch(pair_run):
+    """GRPOConfig.wm_batch: four groups of three in slices of at most four rollouts (one group at a
+    time) imagine what one batch of twelve does, every policy call at most four rollouts wide."""
+    from wmrl.layout import RunLayout
+    from wmrl.rl.envs import ImaginedEnv
+
+    def outcomes(max_batch: int):
+        env = ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=4, seed=0, max_chunks=3, image_size=64,
+                          chunk_size=8, index_dir=None, max_batch=max_batch)
+        widths = []
+
+        def act(obs):  # each rollout its own action, from its id: the same however the batch is cut
+            widths.append(len(obs.rollout))
+            ids = torch.tensor([zlib.crc32(str(r).encode()) % 97 for r in obs.rollout], dtype=torch.float32)
+            return (ids[:, None, None] / 97 - 0.5).expand(-1, 8, 7).clone()
+
+        out = env.run(env.starts(1), 3, act, to_the_end=True)
+        return [(o.rollout, o.group, o.start, o.success, o.reward_trace) for o in out], max(widths)
+
+    whole, widest = outcomes(0)
+    sliced, widest_slice = outcomes(4)
+    assert widest == 12 and widest_slice == 3
+    assert [o[:4] for o in sliced] == [o[:4] for o in whole]
+    for (*_, a), (*_, b) in zip(sliced, whole):
+        assert a == pytest.approx(b, abs=1e-4)
+    with pytest.raises(ConfigError, match="wm_batch"):
+        GRPOConfig(wm_batch=4)  # fewer than one group of 8
 
 
 def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_step_carries():

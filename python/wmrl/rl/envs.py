@@ -238,13 +238,14 @@ class ImaginedEnv:
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
                  keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout",
-                 min_agreement: float = 0.0):
+                 min_agreement: float = 0.0, max_batch: int = 0):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
         run's keyframe index is written once and checked on resume (None: not recorded);
         ``success_chunks``: chunks in a row at the reward's threshold that make a success;
         ``world_noise``: "group" (a group's rollouts share the samplers' noise) or "rollout"
         (``GRPOConfig.world_noise``; an evaluation's trials stay apart with "rollout");
-        ``min_agreement``: refuse a pair ``make wm-eval`` measured below it (``GRPOConfig.min_agreement``)."""
+        ``min_agreement``: refuse a pair ``make wm-eval`` measured below it (``GRPOConfig.min_agreement``);
+        ``max_batch``: at most this many rollouts imagined at once, whole groups (0: all; ``GRPOConfig.wm_batch``)."""
         from wmrl.fileio import sha256_file, write_json
         from wmrl.release.pair import PairError, check_agreement, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
@@ -259,7 +260,7 @@ class ImaginedEnv:
             raise ValueError(f"success_chunks={success_chunks}: 1 (the first chunk at the threshold) up to "
                              f"max_chunks={max_chunks}")
         self.tasks, self.groups, self.seed, self.max_chunks = tasks, groups, seed, max_chunks
-        self.success_chunks = success_chunks
+        self.success_chunks, self.max_batch = success_chunks, max_batch
         if world_noise not in WORLD_NOISE:
             raise ValueError(f"world_noise={world_noise!r}: {' or '.join(WORLD_NOISE)}")
         self.world_noise = world_noise
@@ -324,6 +325,10 @@ class ImaginedEnv:
 
         if not starts:  # more processes than groups: nothing to imagine here
             return []
+        per_slice = max(1, self.max_batch // group_size) if self.max_batch else len(starts)
+        if len(starts) > per_slice:  # in slices of whole groups: every rollout's noise is its own (or its group's)
+            return [o for i in range(0, len(starts), per_slice)
+                    for o in self.run(starts[i:i + per_slice], group_size, act, to_the_end=to_the_end)]
         kf = torch.tensor([s.keyframe for s in starts for _ in range(group_size)], device=self.device)
         b = len(kf)
         group = [s.group for s in starts for _ in range(group_size)]
