@@ -10,7 +10,7 @@ step 0 and evaluates it; a run with GRPO checkpoints continues from its newest f
 Every 5 steps: policy weights (RUN/weights/policy/global_step_N) and a real-simulator
 evaluation (RUN/evidence/evaluations/global_step_N.json); every 10 steps and at the last: the
 full state. Rerun the same command after an interruption: it continues from the last full
-state. Logs: RUN/logs/grpo.jsonl, TensorBoard, RUN/logs/grpo_curves.png.
+state (evaluating it first if its evaluation was cut off). Logs: RUN/logs/grpo.jsonl, TensorBoard, RUN/logs/grpo_curves.png.
 """
 
 from __future__ import annotations

@@ -398,10 +398,22 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert list((run_with_pair / "grpo").glob("keyframes-*.json"))
     for resume in (None, 2):  # rerunning a finished command (with or without RESUME) does nothing
         assert grpo.find_start(tiny_grpo_job(run_with_pair, target=4, resume=resume))[0] == "done"
+    # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing
+    final = run_with_pair / "evidence/evaluations/global_step_4.json"
+    final.unlink()
+    weights = _weights(run_with_pair, 4)
+    assert grpo.find_start(tiny_grpo_job(run_with_pair, target=4))[0] == "evaluate"
+    assert "without its evaluation" in grpo.plan(tiny_grpo_job(run_with_pair, target=4))["start"]
+    again = grpo.main(tiny_grpo_job(run_with_pair, target=4, max_steps=16))
+    assert [e[0] for e in again["evaluations"]] == [1, 2, 3, 4] and final.exists()
+    assert (run_with_pair / "logs/grpo.jsonl").read_text().count('"step"') == 4  # no step trained
+    assert all(torch.equal(weights[k], v) for k, v in _weights(run_with_pair, 4).items())
 
     grpo.main(tiny_grpo_job(split, target=2, max_steps=16))
     assert grpo.find_start(tiny_grpo_job(split, target=4))[1].step == 2
+    (split / "evidence/evaluations/global_step_2.json").unlink()  # stopped in step 2's evaluation
     grpo.main(tiny_grpo_job(split, target=4, max_steps=16))
+    assert (split / "evidence/evaluations/global_step_2.json").exists()  # evaluated before going on
     a, b = _weights(run_with_pair, 4), _weights(split, 4)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (split / "logs/grpo.jsonl").read_text().count('"step": 3') == 1  # the resumed log does not repeat steps

@@ -91,13 +91,15 @@ class GRPOJob:
 
 # =========================================================================== where to start
 def find_start(job: GRPOJob) -> tuple[str, ck.CheckpointInfo]:
-    """("resume", a full GRPO checkpoint), ("sft", the supervised checkpoint step 0 copies) or
-    ("done", the finished target). Checks everything it can without loading weights; one-line
-    errors say what to do."""
+    """("resume", a full GRPO checkpoint), ("sft", the supervised checkpoint step 0 copies),
+    ("evaluate", the target's full state whose evaluation was not finished) or ("done", the
+    finished target). Checks everything it can without loading weights; one-line errors say what to do."""
     grpo = ck.list_checkpoints(job.run, "policy")
     done = [c for c in grpo if c.full and c.step == job.target]
     if done and (job.resume is None or job.resume < job.target):
-        return "done", done[-1]  # a rerun of a finished run: nothing to do
+        # a rerun of a finished run: nothing to do, unless it was stopped in its last evaluation
+        # (the state is saved before it; on an H100 the renderers once found no GPU memory there)
+        return ("done" if RunLayout(job.run).evidence(job.target).exists() else "evaluate"), done[-1]
     if job.resume is not None:
         info = ck.resolve(job.run, job.resume, "policy")
         if not info.full:
@@ -127,6 +129,9 @@ def plan(job: GRPOJob) -> dict:
     kind, info = find_start(job)
     if kind == "done":
         return {"run": str(job.run), "start": f"nothing to do: GRPO step {info.step} = TARGET exists ({info.path})"}
+    if kind == "evaluate":
+        return {"run": str(job.run), "start": f"GRPO step {info.step} = TARGET exists ({info.path}) without its "
+                f"evaluation: evaluate it ({job.cfg.final_trials} trials per task), no GRPO step"}
     pair = None
     if job.cfg.env == "wm":
         from wmrl.release.pair import check_contract, load_pair
@@ -642,6 +647,8 @@ def main(job: GRPOJob) -> dict:
     if kind == "done":
         print(f"[grpo] {info.path} is the full state of TARGET={job.target}: nothing to do")
         return {"step": info.step, "start": info.step, "evaluations": [], "curves": None}
+    if kind == "evaluate":
+        return evaluate_saved(job, info)
     if cfg.env == "wm":  # the pair's hashes and contract, before any weight or rollout
         from wmrl.release.pair import check_contract, load_pair
 
@@ -740,6 +747,11 @@ def main(job: GRPOJob) -> dict:
                     f"trials): {done}")
             elif job.eval_first:
                 evaluator(model, loaded.norm, lang, image_size, 0, cfg.final_trials)
+        elif main_rank and start and not layout.evidence(start).exists():
+            # the call that saved this state was stopped in its evaluation: evaluate it before going on
+            # (off the cadence it was the last step of a call with a time limit: the final trials)
+            evaluator(model, loaded.norm, lang, image_size, start,
+                      cfg.eval_trials if start % cfg.eval_interval == 0 else cfg.final_trials)
 
         # ---- 2. GRPO steps
         bar = tqdm(total=job.target, initial=start, desc=f"grpo ({cfg.env})", unit="step",
@@ -791,6 +803,26 @@ def main(job: GRPOJob) -> dict:
     png = grpo_curves(layout.log("grpo"), layout.logs / "grpo_curves.png", evaluator.history())
     say(f"[grpo] stopped at step {step}; curves: {png}")
     return {"step": step, "start": start, "evaluations": evaluator.history(), "curves": str(png) if png else None}
+
+
+def evaluate_saved(job: GRPOJob, info: ck.CheckpointInfo) -> dict:
+    """The last step of a run stopped in its final evaluation: its saved weights evaluated with
+    ``final_trials``, nothing else loaded (no environment, no pair), the curves redrawn."""
+    from wmrl.device import pick_device
+    from wmrl.plots import grpo_curves
+
+    layout = RunLayout(job.run)
+    print(f"[grpo] {info.path} is the full state of TARGET={job.target} but its evaluation was not finished: "
+          "evaluating it now", flush=True)
+    loaded = ck.load_checkpoint(info.path)  # every file's hash checked
+    model = loaded.build_model(pick_device(job.device))
+    evaluator = Evaluator(job, None)
+    try:
+        evaluator(model, loaded.norm, loaded.lang, loaded.image_size, info.step, job.cfg.final_trials)
+    finally:
+        evaluator.close()
+    png = grpo_curves(layout.log("grpo"), layout.logs / "grpo_curves.png", evaluator.history())
+    return {"step": info.step, "start": info.step, "evaluations": evaluator.history(), "curves": str(png) if png else None}
 
 
 def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: int | None = None) -> Path | None:
@@ -859,6 +891,11 @@ class Evaluator:
             if old.get("settings", {}).get("checkpoint", {}).get("model_sha256") == sha and \
                     old["summary"]["trials"] == trials * len(job.eval_tasks):
                 return old["summary"]
+        if next(model.parameters()).is_cuda:
+            # the renderers (EGL) take their framebuffers from the GPU that the rollouts' and the
+            # update's cached blocks fill: at 2,048 imagined rollouts a step, two runs on one H100,
+            # the final evaluation's renderers failed ("Offscreen framebuffer is not complete")
+            torch.cuda.empty_cache()
         if self.pool is None:
             self.pool = SimulatorPool(job.sim, job.workers or _cores(), policy_id="grpo-eval",
                                       max_envs=job.envs_per_worker)
