@@ -301,9 +301,14 @@ def phase_grpo(v: dict, env: dict) -> None:
                 args += [flag, v[key]]
         args += shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option
         devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]
-        procs.append(stage(f"grpo{v.get('TAG', '')}_{name}", "grpo.py", args, env, background=True,
-                           extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc))
-    for p in procs:
+        procs.append((args, devices, stage(f"grpo{v.get('TAG', '')}_{name}", "grpo.py", args, env, background=True,
+                                           extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc)))
+    failed = [(args, devices, p[2]) for args, devices, p in procs if finish(*p) != 0]
+    # once more, the same command: it resumes from the saved state (one stopped in its final
+    # evaluation gets only that evaluation), so a run that failed late keeps its steps
+    again = [stage(name, "grpo.py", args, env, background=True, extra_env={"CUDA_VISIBLE_DEVICES": devices},
+                   nproc=nproc) for args, devices, name in failed]
+    for p in again:
         finish(*p)
     pack(root, "grpo" + v.get("TAG", ""))
     if v.get("PACK_BACK") in ("1", "state"):

@@ -115,8 +115,9 @@ def main(args) -> int:
     share = result["agreement"].get("grpo_signal_share")
     if share is not None:  # what the agreement means for GRPO in the pair (wmrl.release.pair.signal_share)
         need = f"~{1 / share:.0f}x the rollouts a step for the simulator's signal-to-noise" if share else "no signal at all"
-        print(f"[wm-eval] GRPO in this pair follows {share:.2f} of the simulator's signal per rollout "
-              f"((2 x agreement - 1)^2): {need}")
+        print(f"[wm-eval] GRPO in this pair follows at most {share:.2f} of the simulator's signal per rollout "
+              f"((2 x agreement - 1)^2, from replayed actions; a policy that acts worse on imagined frames gets "
+              f"less): {need}")
     print(f"[wm-eval] {pair.root / FIDELITY_FILE}")
     return 0
 

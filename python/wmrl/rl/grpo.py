@@ -601,7 +601,10 @@ def pair_signal_text(pair: Path, agreement: dict | None, groups: int) -> str:
     """What the pair's measured agreement means for a step of ``groups`` groups: the share of the
     simulator's signal an imagined rollout carries, (2 x agreement - 1)^2 (measured on the CPU toy,
     bench/grpo_snr.py --label-noise), and the groups a step would need for the signal-to-noise of
-    SIMULATOR_GROUPS groups in the simulator."""
+    SIMULATOR_GROUPS groups in the simulator. An upper bound: on an H100 pair at agreement 0.75, 256
+    groups a step (the signal of 64 by this rule) gave gradient halves with cosines of -0.12 to
+    +0.01, where the simulator's 64 groups read +0.06 on average (bench/RESULTS.md, "256 groups a
+    step in the one-step students"): the policy acting on imagined frames is what the rule leaves out."""
     from wmrl.release.pair import signal_share
 
     if agreement is None:
@@ -614,8 +617,10 @@ def pair_signal_text(pair: Path, agreement: dict | None, groups: int) -> str:
                 f"more, with successes and failures, and make wm-eval again)")
     share = signal_share(point)
     text = (f"[grpo] the pair's agreement with the simulator, {point:.2f}, leaves an imagined rollout {share:.2f} of a "
-            f"real one's signal ((2 x agreement - 1)^2): a step of {groups} groups carries the signal of "
-            f"~{groups * share:.0f} in the simulator, where GRPO's first real gains took {SIMULATOR_GROUPS}")
+            f"real one's signal ((2 x agreement - 1)^2): a step of {groups} groups carries the signal of at most "
+            f"~{groups * share:.0f} in the simulator, where GRPO's first real gains took {SIMULATOR_GROUPS} (at most: "
+            f"it counts the reward's errors on replays, not the policy failing more often on imagined frames; the "
+            f"closed-loop check and the gradient's cosine of halves, grad_cos_halves, tell whether a step has a direction)")
     if 0 < share and groups * share < SIMULATOR_GROUPS:
         text += f"; --groups {math.ceil(SIMULATOR_GROUPS / share)} would match them (or a pair of higher agreement)"
     return text
