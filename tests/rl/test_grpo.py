@@ -1,6 +1,7 @@
 """GRPO: the update's algebra, the loop's cadence and resume in imagination (a tiny model
 pair) and in the real simulator, and the bad input it refuses before any rollout."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -389,7 +390,7 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
         assert r["rollouts"] == 4 and r["groups"] == 2 and 0 <= r["skipped_groups"] <= 2
         assert {"clip_fraction", "approx_kl", "grad_norm", "rollout_s", "update_s", "env_steps_per_s"} <= set(r)
     rolls = [json.loads(line) for line in (run_with_pair / "grpo/rollouts.jsonl").read_text().splitlines()]
-    assert all(o["start"].startswith("keyframe:task_00.hdf5:demo_") for r in rolls for o in r["outcomes"])
+    assert all(o["start"].startswith("keyframe:collect/task_00.hdf5:demo_") for r in rolls for o in r["outcomes"])
     latest = json.loads((run_with_pair / "latest_policy.json").read_text())
     assert latest["source"] == "grpo" and latest["step"] == 4 and latest["evaluation"]["trials"] == 1
     step0 = json.loads((ck.step_dir(run_with_pair, 0) / "config.json").read_text())
@@ -398,6 +399,15 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert list((run_with_pair / "grpo").glob("keyframes-*.json"))
     for resume in (None, 2):  # rerunning a finished command (with or without RESUME) does nothing
         assert grpo.find_start(tiny_grpo_job(run_with_pair, target=4, resume=resume))[0] == "done"
+    # bench/closed_loop_gap.py finds every rollout's keyframe again with the starts' rule
+    spec = importlib.util.spec_from_file_location("closed_loop_gap", Path(__file__).parents[2] / "bench/closed_loop_gap.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.run_rows(run_with_pair, None)
+    assert {pol for pol, _ in rows} == {"test"} and sum(n for _, _, n in rows.values()) == 16  # 4 steps x 4
+    assert sum(i for i, _, _ in rows.values()) == sum(o["success"] for r in rolls for o in r["outcomes"])
+    assert all(r == n for _, r, n in rows.values())  # every synthetic episode succeeded
+    assert sum(n for _, _, n in bench.run_rows(run_with_pair, {1}).values()) == 4
     # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing
     final = run_with_pair / "evidence/evaluations/global_step_4.json"
     final.unlink()

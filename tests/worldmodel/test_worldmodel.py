@@ -83,6 +83,25 @@ def test_every_step_recordings_give_a_stream_per_phase_and_validation_keeps_phas
     assert {e.key.split("@")[0] for e in train} == {e.key for e in train0}  # no held-out episode leaks in
 
 
+def test_episode_keys_name_the_folder_so_equal_file_names_stay_apart(trajectories, tmp_path):
+    """Every collection writes task_00.hdf5 ...: two of them in one manifest are two files (the
+    keyframes' names, and the closed-loop check's recorded outcomes, follow the key)."""
+    import shutil
+
+    from wmrl.worldmodel.data import load_split
+
+    new, replay = trajectories
+    for folder, src in (("collect_a", new), ("collect_b", replay)):
+        (tmp_path / folder).mkdir()
+        shutil.copy(src, tmp_path / folder / "task_00.hdf5")
+    build_manifest(tmp_path / "manifest.json", [str(tmp_path / "collect_a")], [str(tmp_path / "collect_b")],
+                   val_ratio=0.2, seed=0)
+    _, train, val = load_split(tmp_path / "manifest.json", 8)
+    keys = [e.key for e in train + val]
+    assert len(set(keys)) == len(keys)
+    assert {k.split(":")[0] for k in keys} == {"collect_a/task_00.hdf5", "collect_b/task_00.hdf5"}
+
+
 def test_manifest_splits_by_episode_hashes_and_refuses_a_changed_file(trajectories, tmp_path):
     new, replay = trajectories
     m = build_manifest(tmp_path / "manifest.json", [str(new)], [str(replay)], val_ratio=0.2, seed=0)

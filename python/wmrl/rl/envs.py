@@ -119,6 +119,12 @@ def derived_seed(*parts: int) -> int:
     return int.from_bytes(h.digest(), "little") & (2**63 - 1)
 
 
+def keyframe_choice(seed: int, step: int, group: int, count: int) -> int:
+    """Which of a task's ``count`` keyframes group ``group`` of step ``step`` starts from (the rule
+    the keyframe index records; bench/closed_loop_gap.py replays it from a run's logs)."""
+    return derived_seed(seed, step, group, 0x4B46) % count
+
+
 def group_tasks(tasks: tuple[int, ...], step: int, groups: int) -> list[int]:
     """Tasks of this step's groups: a window of ``groups`` tasks that slides by one task per
     step, so every task comes ``groups`` times in any ``len(tasks)`` consecutive steps, and
@@ -313,7 +319,7 @@ class ImaginedEnv:
         out = []
         for g, task in enumerate(group_tasks(self.tasks, step, self.groups)):
             ids = self.by_task[task]
-            out.append(Start(step, g, task, keyframe=ids[derived_seed(self.seed, step, g, 0x4B46) % len(ids)]))
+            out.append(Start(step, g, task, keyframe=ids[keyframe_choice(self.seed, step, g, len(ids))]))
         return out
 
     @torch.no_grad()

@@ -46,7 +46,7 @@ class Episode:
     actions: np.ndarray  # (N - 1, chunk, A): the chunk executed after boundary k
     success: np.ndarray  # (N,) the goal holds at boundary k
     source: str  # "new" or "replay"
-    key: str  # "file:demo_i"
+    key: str  # "folder/file.hdf5:demo_i", the file relative to the manifest's folder: unique in a manifest
     task: int = -1
     instruction: str = ""
     init_mode: str = "train"  # "eval": started from a fixed evaluation state (never a GRPO start)
@@ -120,7 +120,7 @@ def episodes_under(data: Path, chunk: int, limit: int, source: str = "recorded")
     per_file = []
     for path in files:
         with h5py.File(path, "r") as h:
-            eps = [read_episode(h["data"][k], chunk, source, f"{path.name}:{k}") for k in sorted(h["data"])]
+            eps = [read_episode(h["data"][k], chunk, source, f"{file_label(path, data)}:{k}") for k in sorted(h["data"])]
         per_file.append([e for e in eps if e is not None])
     if not any(per_file):
         raise ConfigError(f"the files under {data} hold no episode of two chunks or more")
@@ -142,8 +142,8 @@ def load_split(manifest_path, chunk: int, verify: bool = True, workers: int = 0,
     manifest, files = load_manifest(manifest_path, verify=verify)
     from wmrl.data.parallel import map_files
 
-    jobs = [(str(f.path), f.episodes, chunk, f.source, f.sha256, validate, set(f.val_episodes) if phases else None)
-            for f in files]
+    jobs = [(str(f.path), f.episodes, chunk, f.source, f.sha256, validate, set(f.val_episodes) if phases else None,
+             file_label(f.path, Path(manifest_path).parent)) for f in files]
     train, val = [], []
     for f, episodes in zip(files, map_files(_read_file, jobs, workers)):
         for i, ep in episodes:
@@ -161,10 +161,18 @@ def held_out_halves(val: list[Episode]) -> tuple[list[Episode], list[Episode]]:
     return (val[0::2], val[1::2]) if len(val) > 1 else (val, val)
 
 
+def file_label(path: Path, root: Path) -> str:
+    """How episode keys name a file: relative to ``root`` (the manifest's folder), so the same
+    file name in two folders (every collection writes task_00.hdf5 ...) stays two files; a file
+    outside ``root`` by its absolute path."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+
+
 def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     import h5py
 
-    path, n, chunk, source, sha, validate, phase_val = job  # phase_val: None, or the episodes kept at phase 0
+    path, n, chunk, source, sha, validate, phase_val, label = job  # phase_val: None, or the episodes kept at phase 0
     if validate:
         from wmrl.data.validate import validate_file
 
@@ -175,7 +183,7 @@ def _read_file(job: tuple) -> list[tuple[int, Episode]]:
     out = []
     with h5py.File(path, "r") as h:
         for i in range(n):
-            group, key = h["data"][f"demo_{i}"], f"{Path(path).name}:demo_{i}"
+            group, key = h["data"][f"demo_{i}"], f"{label}:demo_{i}"
             arrays = episode_arrays(group)
             for phase in range(1 if phase_val is None or i in phase_val else chunk):
                 ep = read_episode(group, chunk, source, key + (f"@{phase}" if phase else ""), sha, phase, arrays)
