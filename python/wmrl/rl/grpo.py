@@ -815,7 +815,10 @@ def evaluate_saved(job: GRPOJob, info: ck.CheckpointInfo) -> dict:
     ``final_trials``, nothing else loaded (no environment, no pair), the curves redrawn."""
     from wmrl.device import pick_device
     from wmrl.plots import grpo_curves
+    from wmrl.rl import ranks
 
+    if ranks.world()[0] != 0:  # several processes (torchrun): rank 0 evaluates, alone as always
+        return {"step": info.step, "start": info.step, "evaluations": [], "curves": None}
     layout = RunLayout(job.run)
     print(f"[grpo] {info.path} is the full state of TARGET={job.target} but its evaluation was not finished: "
           "evaluating it now", flush=True)
