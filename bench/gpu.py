@@ -161,7 +161,8 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
-                                                                  "bench/policy_pack.py", "bench/wm_probe.py", "wm_eval.py"):
+                                                                  "bench/policy_pack.py", "bench/wm_probe.py", "wm_eval.py",
+                                                                  "bench/closed_loop_gap.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -310,6 +311,10 @@ def phase_grpo(v: dict, env: dict) -> None:
                    nproc=nproc) for args, devices, name in failed]
     for p in again:
         finish(*p)
+    if v.get("ENV") == "wm":  # imagined beside recorded success by start keyframe (the rollouts log outgrows the pack)
+        names = [f"seed{s}" if len(pairs) == 1 else f"{Path(pair).name}_seed{s}" for s, pair in runs]
+        stage(f"closed_loop_gap{v.get('TAG', '')}", "bench/closed_loop_gap.py",
+              [*(root / n for n in names), "--json", OUT / f"closed_loop_gap{v.get('TAG', '')}.json"], env)
     pack(root, "grpo" + v.get("TAG", ""))
     if v.get("PACK_BACK") in ("1", "state"):
         pack_back(root, seeds, v, env)
