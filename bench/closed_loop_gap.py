@@ -3,6 +3,7 @@ run, by the policy that recorded its start keyframe and the keyframe's chunk in 
 imagined success beside the recorded episode's real success.
 
     python bench/closed_loop_gap.py runs/h200/grpo/seed0 runs/h200/grpo/seed1 [--steps 1] [--json out.json]
+    python bench/closed_loop_gap.py runs/h200/grpo/seed0 --steps 1 --thresholds 0.74,0.5,0.3,0.2,0.1
 
 Where the policy in the loop is the one that recorded the episodes (GRPO's first step from the
 collecting checkpoint, at the same temperature), imagined and recorded success should match. A
@@ -10,7 +11,15 @@ gap that shrinks for later keyframes (fewer chunks left to imagine) is error tha
 the policy's own imagined chunks; a gap alike at every chunk is something else (the reward, the
 start frames). Each rollout's keyframe is found again from the run's keyframe index with the
 rule ImaginedEnv.starts follows (not from its name: runs packaged before episode keys named
-their folder gave two collections' ``task_00.hdf5:demo_3`` the same name)."""
+their folder gave two collections' ``task_00.hdf5:demo_3`` the same name).
+
+``--thresholds``: what the reward's threshold would have made of the same rollouts. A rollout
+succeeds at the first chunk whose probability reaches the threshold, so at any threshold up to
+the run's own, success is its logged peak reaching it: exact, no imagining again. Per recording
+policy: the imagined success, the same given a recorded success and given a recorded failure,
+and their balanced accuracy (how well the pair, closed loop, tells the episodes that succeeded
+from those that failed). The recorded outcome is one draw of the policy from that start, so
+even a perfect pair would not reach 1. GRPO takes a threshold with ``--reward-threshold``."""
 
 from __future__ import annotations
 
@@ -23,8 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
-def run_rows(run: Path, steps: set[int] | None) -> dict:
-    """{(recording policy, keyframe chunk): [imagined successes, recorded successes, rollouts]}."""
+def run_rollouts(run: Path, steps: set[int] | None) -> tuple[list[dict], float | None]:
+    """Every rollout of ``steps`` (None: all) whose start keyframe knows its episode's outcome:
+    recording policy, keyframe chunk, recorded and imagined success, reward peak; and the
+    threshold the run's rewards were decided at."""
     from wmrl.layout import RunLayout
     from wmrl.rl.envs import group_tasks, keyframe_choice
 
@@ -41,7 +52,7 @@ def run_rows(run: Path, steps: set[int] | None) -> dict:
     for line in layout.log("grpo").read_text().splitlines():  # the tasks of the run (a step's record)
         rec = json.loads(line)
         step_tasks[rec["step"]] = tuple(rec["tasks"])
-    rows: dict = defaultdict(lambda: [0, 0, 0])
+    out = []
     for line in (layout.grpo / "rollouts.jsonl").read_text().splitlines():
         rec = json.loads(line)
         step = rec["step"]
@@ -57,27 +68,64 @@ def run_rows(run: Path, steps: set[int] | None) -> dict:
                          f"{k['episode']}:{k['chunk']}: the run's keyframe index and its rollouts do not belong together")
             if k.get("episode_success") is None or not k.get("episode_policy"):
                 continue  # a pair packaged before keyframes carried their episode's outcome
-            row = rows[(k["episode_policy"], int(k["chunk"]))]
-            row[0] += bool(o["success"])
-            row[1] += bool(k["episode_success"])
-            row[2] += 1
+            out.append({"policy": k["episode_policy"], "chunk": int(k["chunk"]), "recorded": bool(k["episode_success"]),
+                        "imagined": bool(o["success"]), "peak": o.get("reward_peak")})
+    saved = layout.policy_steps("policy")
+    threshold = (json.loads((layout.checkpoint(saved[-1]) / "config.json").read_text()).get("env", {})
+                 .get("reward_threshold") if saved else None)
+    return out, threshold
+
+
+def run_rows(run: Path, steps: set[int] | None) -> dict:
+    """{(recording policy, keyframe chunk): [imagined successes, recorded successes, rollouts]}."""
+    rows: dict = defaultdict(lambda: [0, 0, 0])
+    for r in run_rollouts(run, steps)[0]:
+        row = rows[(r["policy"], r["chunk"])]
+        row[0] += r["imagined"]
+        row[1] += r["recorded"]
+        row[2] += 1
     return rows
+
+
+def threshold_sweep(rollouts: list[dict], thresholds: list[float]) -> list[dict]:
+    """Per recording policy and threshold: imagined success overall, given a recorded success and
+    given a recorded failure, and their balanced accuracy (success = the peak reaches it)."""
+    out = []
+    for policy in sorted({r["policy"] for r in rollouts}):
+        mine = [r for r in rollouts if r["policy"] == policy and r["peak"] is not None]
+        won, lost = [r for r in mine if r["recorded"]], [r for r in mine if not r["recorded"]]
+        for th in thresholds:
+            rate = lambda rs: sum(r["peak"] >= th for r in rs) / len(rs) if rs else None  # noqa: E731
+            given_s, given_f = rate(won), rate(lost)
+            out.append({"policy": policy, "threshold": th, "rollouts": len(mine), "recorded_success": rate_of(mine),
+                        "imagined_success": rate(mine), "given_recorded_success": given_s,
+                        "given_recorded_failure": given_f,
+                        "balanced_accuracy": None if given_s is None or given_f is None else (given_s + 1 - given_f) / 2})
+    return out
+
+
+def rate_of(rollouts: list[dict]) -> float | None:
+    return sum(r["recorded"] for r in rollouts) / len(rollouts) if rollouts else None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="GRPO run folders (python/grpo.py --env wm)")
     p.add_argument("--steps", help="only these GRPO steps, e.g. 1 (the policy that recorded the episodes) or 1-3")
+    p.add_argument("--thresholds", help="comma-separated reward thresholds, each at most the run's own: what they "
+                                        "would have made of the same rollouts (e.g. 0.74,0.5,0.3,0.2)")
     p.add_argument("--json", type=Path, help="write the table here too")
     args = p.parse_args(argv)
     steps = None
     if args.steps:
         lo, _, hi = args.steps.partition("-")
         steps = set(range(int(lo), int(hi or lo) + 1))
-    table = {}
+    thresholds = [float(x) for x in args.thresholds.split(",")] if args.thresholds else []
+    table, sweeps = {}, {}
     for run in args.runs:
         if not (run / "grpo" / "rollouts.jsonl").exists():
             sys.exit(f"error: {run}/grpo/rollouts.jsonl not found: give the folder of a GRPO run (its --run)")
+        rollouts, own = run_rollouts(run, steps)
         rows = run_rows(run, steps)
         print(f"{run}: imagined / recorded success by recording policy and keyframe chunk (rollouts)")
         for policy in sorted({pol for pol, _ in rows}):
@@ -87,11 +135,32 @@ def main(argv: list[str] | None = None) -> int:
                   + f"  | all {100 * total[0] / total[2]:.0f}/{100 * total[1] / total[2]:.0f}% ({total[2]})")
         table[str(run)] = [{"policy": pol, "chunk": c, "imagined_successes": i, "recorded_successes": r, "rollouts": n}
                            for (pol, c), (i, r, n) in sorted(rows.items())]
+        if thresholds:
+            above = [th for th in thresholds if own is not None and th > own + 1e-6]
+            if own is None or above:
+                sys.exit(f"error: --thresholds {','.join(map(str, above or thresholds))}: above the run's own threshold "
+                         f"({own}) a logged peak no longer tells success (the rollout stopped at its first success); "
+                         "give thresholds at most that")
+            sweeps[str(run)] = threshold_sweep(rollouts, thresholds)
+            print(f"  the run's threshold {own:.2f}; success had the reward's threshold been (recorded success; "
+                  "imagined | given recorded success, failure; balanced accuracy):")
+            for row in sweeps[str(run)]:
+                print(f"    {row['policy']} at {row['threshold']:.2f}: recorded {100 * row['recorded_success']:.0f}%, "
+                      f"imagined {100 * row['imagined_success']:.0f}% | {_pct(row['given_recorded_success'])}, "
+                      f"{_pct(row['given_recorded_failure'])}; {_num(row['balanced_accuracy'])}")
     if args.json:
         from wmrl.fileio import write_json
 
-        write_json(args.json, {"steps": args.steps, "runs": table})
+        write_json(args.json, {"steps": args.steps, "runs": table, "threshold_sweeps": sweeps})
     return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 if __name__ == "__main__":

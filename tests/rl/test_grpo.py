@@ -408,6 +408,10 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert sum(i for i, _, _ in rows.values()) == sum(o["success"] for r in rolls for o in r["outcomes"])
     assert all(r == n for _, r, n in rows.values())  # every synthetic episode succeeded
     assert sum(n for _, _, n in bench.run_rows(run_with_pair, {1}).values()) == 4
+    rollouts, own = bench.run_rollouts(run_with_pair, None)
+    at_own, lower = bench.threshold_sweep(rollouts, [own, own / 2])
+    assert own == pytest.approx(0.5) and at_own["imagined_success"] == sum(r["imagined"] for r in rollouts) / 16
+    assert lower["imagined_success"] >= at_own["imagined_success"]  # a lower bar: every success stays one
     # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing
     final = run_with_pair / "evidence/evaluations/global_step_4.json"
     final.unlink()
@@ -619,6 +623,25 @@ def test_a_step_imagined_in_slices_of_whole_groups_has_the_outcomes_of_one_batch
         assert a == pytest.approx(b, abs=1e-4)
     with pytest.raises(ConfigError, match="wm_batch"):
         GRPOConfig(wm_batch=4)  # fewer than one group of 8
+
+
+def test_a_reward_threshold_set_for_grpo_replaces_the_calibrated_one(pair_run):
+    """GRPOConfig.reward_threshold: a bar near 0 makes every rollout succeed at its first chunk; the
+    settings keep both the threshold used and the calibrated one."""
+    from wmrl.layout import RunLayout
+    from wmrl.rl.envs import ImaginedEnv
+
+    def env(threshold: float):
+        return ImaginedEnv(RunLayout(pair_run).model_pair, tasks=(0,), groups=2, seed=0, max_chunks=3, image_size=64,
+                           chunk_size=8, index_dir=None, threshold=threshold)
+
+    low = env(1e-9)
+    out = low.run(low.starts(1), 2, lambda obs: torch.zeros(len(obs.rollout), 8, 7))
+    assert all(o.success and o.chunks == 1 for o in out)
+    assert low.settings()["reward_threshold"] == 1e-9 and low.settings()["reward_threshold_calibrated"] == pytest.approx(0.5)
+    assert env(0.0).threshold == pytest.approx(0.5)  # 0: the pair's own
+    with pytest.raises(ConfigError, match="reward_threshold"):
+        GRPOConfig(reward_threshold=1.5)
 
 
 def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_step_carries():

@@ -244,14 +244,16 @@ class ImaginedEnv:
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
                  keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout",
-                 min_agreement: float = 0.0, max_batch: int = 0):
+                 min_agreement: float = 0.0, max_batch: int = 0, threshold: float = 0.0):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
         run's keyframe index is written once and checked on resume (None: not recorded);
         ``success_chunks``: chunks in a row at the reward's threshold that make a success;
         ``world_noise``: "group" (a group's rollouts share the samplers' noise) or "rollout"
         (``GRPOConfig.world_noise``; an evaluation's trials stay apart with "rollout");
         ``min_agreement``: refuse a pair ``make wm-eval`` measured below it (``GRPOConfig.min_agreement``);
-        ``max_batch``: at most this many rollouts imagined at once, whole groups (0: all; ``GRPOConfig.wm_batch``)."""
+        ``max_batch``: at most this many rollouts imagined at once, whole groups (0: all; ``GRPOConfig.wm_batch``);
+        ``threshold``: the reward probability that makes a success (0: the one calibrated with the
+        pair's reward; ``GRPOConfig.reward_threshold``)."""
         from wmrl.fileio import sha256_file, write_json
         from wmrl.release.pair import PairError, check_agreement, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
@@ -275,7 +277,8 @@ class ImaginedEnv:
         wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
         self.world = Imagination(main, wrist)
         self.reward = RewardModel.from_pretrained(pair.part("reward"), self.device)
-        self.threshold = float(self.reward.threshold)
+        self.calibrated_threshold = float(self.reward.threshold)
+        self.threshold = threshold or self.calibrated_threshold
         keyframes = keyframes or Keyframes.of_pair(pair)
         kf, info = keyframes.tensors, keyframes.info
         self.keyframe_origin = keyframes.origin
@@ -390,7 +393,8 @@ class ImaginedEnv:
 
     def settings(self) -> dict:
         return {"env": "wm", "pair": str(self.pair.root), "pair_models": self.pair.meta.get("models"),
-                "reward_threshold": self.threshold, "success_chunks": self.success_chunks, "max_chunks": self.max_chunks,
+                "reward_threshold": self.threshold, "reward_threshold_calibrated": self.calibrated_threshold,
+                "success_chunks": self.success_chunks, "max_chunks": self.max_chunks,
                 "world_noise": self.world_noise,
                 # the pair's agreement with the simulator when GRPO began (make wm-eval; None: not evaluated)
                 "agreement": None if self.agreement is None else {
