@@ -133,7 +133,8 @@ collect: setup
 
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
 # PAIR=dir (a model pair for ENV=wm; default RUN/model_pair; MIN_AGREEMENT=0 trains in one that
-# make wm-eval measured below grpo.min_agreement), FROM=run (take step 0 from that
+# make wm-eval measured below grpo.min_agreement; REWARD_THRESHOLD=closed-loop: the threshold of
+# make wm-calibrate, or a number), FROM=run (take step 0 from that
 # run's newest supervised checkpoint). GPUS=0 picks the GPU; GPUS=0,1 runs one process per GPU
 # through torchrun: each rolls out its share of the groups, rank 0 updates (wmrl/rl/ranks.py).
 grpo: setup
@@ -142,7 +143,7 @@ grpo: setup
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(call opt,--world-noise,$(WORLD_NOISE)) \
-		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(DRY)
+		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(call opt,--reward-threshold,$(REWARD_THRESHOLD)) $(DRY)
 
 # The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.
@@ -236,9 +237,12 @@ offline-install:
 #   make wm-rank RUN=r POLICIES="sft/1000 sft/4000 sft/4000@T=3 hold ..." [TRIALS=n REAL_TRIALS=n PAIR=d MANIFEST=f]
 #        imagined (held-out keyframes) vs real success per policy, Spearman, cost  PAIR/ranking.json
 #        (runs in .venv/train: it drives the real simulator too)
+#   make wm-calibrate RUN=r POLICY=sft/4000@T=1 [TRIALS=n PAIR=d MANIFEST=f SUCCESS_CHUNKS=k]  the reward's threshold
+#        calibrated closed loop (the policy that recorded the held-out episodes acting in the pair)  PAIR/closed_loop.json
+#        (make grpo ... REWARD_THRESHOLD=closed-loop uses it; .venv/train: it runs the policy)
 WM_FLAGS = --profile $(PROFILE) --run $(RUN) $(DRY)
 
-.PHONY: manifest wm-update wm-reward package wm-eval wm-rank wm-distill
+.PHONY: manifest wm-update wm-reward package wm-eval wm-rank wm-calibrate wm-distill
 
 manifest: setup
 	@test -n "$(DATA)$(REPLAY)" || { echo "error: give DATA=<this cycle's trajectories> and/or REPLAY=<demonstrations, earlier cycles>"; exit 2; }
@@ -275,6 +279,12 @@ wm-rank: setup
 	$(TRAIN_PY) python/wm_rank.py --profile $(PROFILE) --run $(RUN) $(foreach p,$(POLICIES),--policy $(p)) \
 		$(call opt,--pair,$(PAIR)) $(call opt,--manifest,$(MANIFEST)) $(call opt,--trials,$(TRIALS)) \
 		$(call opt,--real-trials,$(REAL_TRIALS)) $(call opt,--workers,$(WORKERS)) $(DRY)
+
+wm-calibrate: setup
+	@test -n "$(POLICY)" || { echo 'error: give POLICY=<the checkpoint that recorded the held-out episodes>@T=<its temperature>, e.g. sft/4000@T=1'; exit 2; }
+	$(TRAIN_PY) python/wm_calibrate.py --run $(RUN) --policy $(POLICY) $(call opt,--pair,$(PAIR)) \
+		$(call opt,--manifest,$(MANIFEST)) $(call opt,--trials,$(TRIALS)) $(call opt,--success-chunks,$(SUCCESS_CHUNKS)) \
+		$(OVER) $(DRY)
 
 # ---- Containers (Dockerfile.train, Dockerfile.wm; README "Containers") -----------------------
 #   make wheelhouse [IMAGES="train wm"]        download every locked file (hash-checked), host side

@@ -87,25 +87,13 @@ def run_rows(run: Path, steps: set[int] | None) -> dict:
     return rows
 
 
-def threshold_sweep(rollouts: list[dict], thresholds: list[float]) -> list[dict]:
-    """Per recording policy and threshold: imagined success overall, given a recorded success and
-    given a recorded failure, and their balanced accuracy (success = the peak reaches it)."""
-    out = []
-    for policy in sorted({r["policy"] for r in rollouts}):
-        mine = [r for r in rollouts if r["policy"] == policy and r["peak"] is not None]
-        won, lost = [r for r in mine if r["recorded"]], [r for r in mine if not r["recorded"]]
-        for th in thresholds:
-            rate = lambda rs: sum(r["peak"] >= th for r in rs) / len(rs) if rs else None  # noqa: E731
-            given_s, given_f = rate(won), rate(lost)
-            out.append({"policy": policy, "threshold": th, "rollouts": len(mine), "recorded_success": rate_of(mine),
-                        "imagined_success": rate(mine), "given_recorded_success": given_s,
-                        "given_recorded_failure": given_f,
-                        "balanced_accuracy": None if given_s is None or given_f is None else (given_s + 1 - given_f) / 2})
-    return out
+def policy_sweeps(rollouts: list[dict], thresholds: list[float]) -> list[dict]:
+    """``wmrl.evaluation.closed_loop.threshold_sweep`` per recording policy (success = the logged peak reaches it)."""
+    from wmrl.evaluation.closed_loop import threshold_sweep
 
-
-def rate_of(rollouts: list[dict]) -> float | None:
-    return sum(r["recorded"] for r in rollouts) / len(rollouts) if rollouts else None
+    return [{"policy": policy, **row} for policy in sorted({r["policy"] for r in rollouts})
+            for row in threshold_sweep([r for r in rollouts if r["policy"] == policy and r["peak"] is not None],
+                                       thresholds)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.exit(f"error: --thresholds {','.join(map(str, above or thresholds))}: above the run's own threshold "
                          f"({own}) a logged peak no longer tells success (the rollout stopped at its first success); "
                          "give thresholds at most that")
-            sweeps[str(run)] = threshold_sweep(rollouts, thresholds)
+            sweeps[str(run)] = policy_sweeps(rollouts, thresholds)
             print(f"  the run's threshold {own:.2f}; success had the reward's threshold been (recorded success; "
                   "imagined | given recorded success, failure; balanced accuracy):")
             for row in sweeps[str(run)]:

@@ -781,6 +781,15 @@ class BundleConfig:
 GRPO_ENVS = ("sim", "wm")
 GRPO_TRAINABLE = ("expert", "all")
 WORLD_NOISE = ("group", "rollout")  # GRPOConfig.world_noise
+REWARD_THRESHOLDS = ("pair", "closed-loop")  # GRPOConfig.reward_threshold, besides a number
+
+
+def _number(text: str) -> float:
+    """``text`` as a float, or NaN (which fails every range check)."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
 
 
 # GRPO in imagination refuses a pair measured below this agreement with the simulator (balanced
@@ -835,14 +844,15 @@ class GRPOConfig:
     # with GPU memory bounded. 256 groups x 8 = 2,048 rollouts a step, the policy and both world
     # models in the loop, two runs sharing one GPU: the slice keeps each run's peak where 128 groups put it.
     wm_batch: int = 1024
-    # In imagination (env=wm): the reward probability that makes a success; 0: the threshold the
-    # pair's reward was calibrated to (on replays of recorded actions: open loop). Closed loop the
-    # policy's imagined completions read lower: in an H100 pair's students (calibrated 0.74) the
-    # imagined successes from starts of the policy's own recorded episodes rose from 28-31% to
-    # 40-48% at 0.3 (recorded 60%), and told the recorded successes from the failures better
-    # (balanced 0.69-0.70 -> 0.74); bench/closed_loop_gap.py --thresholds reads this off a run's
-    # first step (bench/RESULTS.md, "256 groups a step in the one-step students")
-    reward_threshold: float = 0.0
+    # In imagination (env=wm): the reward probability that makes a success. "pair": the threshold
+    # the pair's reward was calibrated to (on replays of recorded actions: open loop);
+    # "closed-loop": PAIR/closed_loop.json (`make wm-calibrate`: the policy acting in the pair from
+    # held-out keyframes it recorded); or a number. Closed loop the policy's imagined completions
+    # read lower: in an H100 pair's students (calibrated 0.74) the imagined successes from starts
+    # of the policy's own recorded episodes rose from 28-31% to 40-48% at 0.3 (recorded 60%), and
+    # told the recorded successes from the failures better (balanced 0.69-0.70 -> 0.74;
+    # bench/RESULTS.md, "256 groups a step in the one-step students")
+    reward_threshold: str = "pair"
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
     lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
@@ -960,9 +970,9 @@ class GRPOConfig:
                               f"lr_min={self.lr_min} <= lr={self.lr} <= lr_max={self.lr_max} (all in (0, 1))")
         if self.kl_coef < 0 or self.epochs < 1 or self.minibatches < 1 or self.adv_eps <= 0 or self.target_kl < 0:
             raise ConfigError("grpo: kl_coef >= 0, epochs >= 1, minibatches >= 1, adv_eps > 0, target_kl >= 0")
-        if not 0 <= self.reward_threshold < 1:
-            raise ConfigError(f"grpo.reward_threshold={self.reward_threshold}: a probability in (0, 1), or 0 for the "
-                              "threshold the pair's reward was calibrated to")
+        if self.reward_threshold not in REWARD_THRESHOLDS and not 0 < _number(self.reward_threshold) < 1:
+            raise ConfigError(f"grpo.reward_threshold={self.reward_threshold!r}: pair (the reward's own calibration), "
+                              "closed-loop (PAIR/closed_loop.json, make wm-calibrate) or a probability in (0, 1)")
         if self.wm_batch < self.group_size:
             raise ConfigError(f"grpo.wm_batch={self.wm_batch}: rollouts imagined at once, at least one group "
                               f"(group_size={self.group_size}); 1024 default, fewer for less GPU memory")

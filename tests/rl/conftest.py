@@ -32,9 +32,11 @@ def sft_run(tmp_path_factory) -> Path:
 
 
 def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode: str = "train",
-             reward_views: tuple[str, ...] = ("main", "wrist"), action_dropout: float = 0.0) -> Path:
-    """RUN/manifest.json over synthetic 64 px trajectories, untrained tiny world models and a
-    reward model reading ``reward_views``, the update's selection, then the real ``package_pair``
+             reward_views: tuple[str, ...] = ("main", "wrist"), action_dropout: float = 0.0,
+             policy_id: str = "test", failures: tuple[int, ...] = (), val_ratio: float = 0.25) -> Path:
+    """RUN/manifest.json over synthetic 64 px trajectories (recorded by ``policy_id``; those of
+    ``failures`` failed, the others succeeded), untrained tiny world models and a reward model
+    reading ``reward_views``, the update's selection, then the real ``package_pair``
     (``action_dropout`` > 0: world models with null actions, that action guidance can use)."""
     from wmrl.data.manifest import build_manifest
     from wmrl.layout import RunLayout
@@ -46,11 +48,13 @@ def add_pair(run: Path, *, threshold: float = 0.5, episodes: int = 4, init_mode:
     layout = RunLayout(run)
     w = TrajectoryWriter(layout.collect / "task_00.hdf5", overwrite=True)
     for s in range(episodes):
-        t = synthetic_trajectory(frames=5, size=64, seed=100 + s, instruction=TASK0, init_mode=init_mode)
-        t.rewards[-1] = 1.0  # the goal holds at the last frame
+        t = synthetic_trajectory(frames=5, size=64, seed=100 + s, instruction=TASK0, init_mode=init_mode,
+                                 policy_id=policy_id, success=s not in failures)
+        if s not in failures:
+            t.rewards[-1] = 1.0  # the goal holds at the last frame
         w.append(t)
     w.finalize()
-    build_manifest(layout.manifest, [str(layout.collect)], [], val_ratio=0.25, seed=0)
+    build_manifest(layout.manifest, [str(layout.collect)], [], val_ratio=val_ratio, seed=0)
     sel = {}
     torch.manual_seed(0)
     for view in ("main", "wrist"):

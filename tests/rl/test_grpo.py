@@ -409,7 +409,7 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert all(r == n for _, r, n in rows.values())  # every synthetic episode succeeded
     assert sum(n for _, _, n in bench.run_rows(run_with_pair, {1}).values()) == 4
     rollouts, own = bench.run_rollouts(run_with_pair, None)
-    at_own, lower = bench.threshold_sweep(rollouts, [own, own / 2])
+    at_own, lower = bench.policy_sweeps(rollouts, [own, own / 2])
     assert own == pytest.approx(0.5) and at_own["imagined_success"] == sum(r["imagined"] for r in rollouts) / 16
     assert lower["imagined_success"] >= at_own["imagined_success"]  # a lower bar: every success stays one
     # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing

@@ -191,10 +191,11 @@ def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
 
 def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_size: int | None, max_chunks: int,
                  tasks: tuple[int, ...] | None, max_chunk: int, keyframes_per_task: int, seed: int, device,
-                 bf16: bool, success_chunks: int = 1):
+                 bf16: bool, success_chunks: int = 1, policy: str | None = None):
     """The pair as GRPO's imagined environment, started from keyframes of the manifest's
-    validation episodes (no world model trained on them); ``image_size`` / ``chunk_size`` None:
-    the pair's own. Returns (env, the pair's contract, the keyframes' summary for the result)."""
+    validation episodes (no world model trained on them; ``policy``: only those that policy id
+    recorded); ``image_size`` / ``chunk_size`` None: the pair's own. Returns (env, the pair's
+    contract, the keyframes' summary for the result)."""
     from wmrl.release.pair import check_contract, load_pair
     from wmrl.rl.envs import ImaginedEnv, Keyframes
 
@@ -204,7 +205,7 @@ def held_out_env(pair: Path, manifest: Path, *, image_size: int | None, chunk_si
     check_contract(loaded, image_size=image_size, chunk_size=chunk_size)
     keyframes = Keyframes.held_out(manifest, chunk=chunk_size, context=contract["context"], max_chunk=max_chunk,
                                    per_task=keyframes_per_task, seed=seed,
-                                   action_history=contract.get("action_history", 0))
+                                   action_history=contract.get("action_history", 0), policy=policy)
     held = {int(k["task"]) for k in keyframes.info["keyframes"]}
     kf_tasks = tuple(sorted(held & set(tasks) if tasks is not None else held))
     if not kf_tasks:

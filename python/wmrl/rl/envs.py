@@ -213,13 +213,19 @@ class Keyframes:
 
     @classmethod
     def held_out(cls, manifest: Path, *, chunk: int, context: int, max_chunk: int, per_task: int,
-                 seed: int, action_history: int = 0) -> "Keyframes":
+                 seed: int, action_history: int = 0, policy: str | None = None) -> "Keyframes":
         """Keyframes of the manifest's *validation* episodes, which no world model trained on:
-        the starts of an evaluation inside the pair."""
+        the starts of an evaluation inside the pair (``policy``: only episodes that policy id recorded)."""
         from wmrl.release.pair import PairError, keyframe_tensors, select_keyframes
         from wmrl.worldmodel.data import load_split
 
         _, _, val = load_split(manifest, chunk=chunk)
+        if policy is not None:
+            recorded_by = sorted({e.policy for e in val})
+            val = [e for e in val if e.policy == policy]
+            if not val:
+                raise PairError(f"{manifest}'s validation episodes were recorded by {recorded_by}, none by {policy}: "
+                                "give the policy (and temperature) that recorded them, or collect with it")
         chosen = select_keyframes(val, max_chunk=max_chunk, per_task=per_task, seed=seed)
         if not chosen:
             raise PairError(f"{manifest} has no validation episodes with a keyframe: build it with --val-ratio > 0")

@@ -136,9 +136,12 @@ def plan(job: GRPOJob) -> dict:
     if job.cfg.env == "wm":
         from wmrl.release.pair import check_contract, load_pair
 
+        from wmrl.evaluation.closed_loop import grpo_threshold
+
         p = load_pair(job.pair or RunLayout(job.run).model_pair)  # hashes checked
         check_contract(p, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size)
-        pair = str(p.root)
+        pair = {"folder": str(p.root), "reward_threshold": grpo_threshold(job.cfg.reward_threshold, p.root,
+                                                                          job.cfg.success_chunks) or "the pair's own"}
     start = info.step if kind == "resume" else 0
     evals = [s for s in range(start + 1, job.target + 1) if s % job.cfg.eval_interval == 0 or s == job.target]
     return {"run": str(job.run), "env": job.cfg.env, "pair": pair,
@@ -657,8 +660,11 @@ def main(job: GRPOJob) -> dict:
     if cfg.env == "wm":  # the pair's hashes and contract, before any weight or rollout
         from wmrl.release.pair import check_contract, load_pair
 
+        from wmrl.evaluation.closed_loop import grpo_threshold
+
         check_contract(load_pair(job.pair or layout.model_pair), image_size=job.sim.image_size,
                        chunk_size=job.sim.chunk_size)
+        threshold = grpo_threshold(cfg.reward_threshold, job.pair or layout.model_pair, cfg.success_chunks)
     rank, world = ranks.world()
     device = pick_device(job.device, ranks.local_rank())
     ranks.init(device)  # several processes (torchrun): rank 0 learns, every rank rolls out its share
@@ -718,7 +724,7 @@ def main(job: GRPOJob) -> dict:
                        max_chunks=cfg.max_chunks, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size,
                        index_dir=layout.grpo if main_rank else None, device=device, bf16=cfg.bf16,
                        success_chunks=cfg.success_chunks, world_noise=cfg.world_noise,
-                       min_agreement=cfg.min_agreement, max_batch=cfg.wm_batch, threshold=cfg.reward_threshold))
+                       min_agreement=cfg.min_agreement, max_batch=cfg.wm_batch, threshold=threshold))
     if cfg.env == "wm":
         say(pair_signal_text(env.pair.root, env.agreement, cfg.groups))
     layout.grpo.mkdir(parents=True, exist_ok=True)
