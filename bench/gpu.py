@@ -61,6 +61,9 @@ returns only a few files).
     python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20 GUIDANCE=1,2 (a pair trained with
                                WM_ARGS="--compile --action-dropout 0.1")]   (the policy's actions on the pair's
                                imagined frames against the real ones, bench/action_gap.py; after wm: unpack+wm+gap+grpo)
+    python3 bench/gpu.py calibrate RUN=runs/h200 [PAIR=runs/h200/model_pair_students CALIBRATE_POLICY=sft/4000@T=1
+                               TRIALS=8]   (the reward's threshold closed loop, make wm-calibrate; then GRPO with
+                               GRPO_ARGS="--reward-threshold closed-loop": unpack+wm+distill+calibrate+grpo ...)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -162,7 +165,7 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
                                                                   "bench/policy_pack.py", "bench/wm_probe.py", "wm_eval.py",
-                                                                  "bench/closed_loop_gap.py"):
+                                                                  "bench/closed_loop_gap.py", "wm_calibrate.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -515,6 +518,20 @@ def phase_gap(v: dict, env: dict) -> None:
                                                 "--device", "cuda", "--json", OUT / "action_gap.json"], env)
 
 
+def phase_calibrate(v: dict, env: dict) -> None:
+    """The reward's threshold calibrated closed loop (make wm-calibrate) for PAIR (default RUN's
+    pair; after distill: PAIR=RUN/model_pair_students), by the policy that recorded the held-out
+    episodes (CALIBRATE_POLICY, default sft/4000@T=1); GRPO then takes GRPO_ARGS="--reward-threshold
+    closed-loop". Its closed_loop.json comes back in OUT."""
+    run = v.get("RUN", "runs/h200")
+    pair = v.get("PAIR", f"{run}/model_pair")
+    stage("wm_calibrate", "wm_calibrate.py", ["--run", run, "--pair", pair, "--policy",
+                                              v.get("CALIBRATE_POLICY", "sft/4000@T=1"), "--trials", v.get("TRIALS", "8"),
+                                              "--overwrite", "--device", v.get("DEVICE", "cuda")], env)
+    if (Path(pair) / "closed_loop.json").exists():
+        shutil.copy(Path(pair) / "closed_loop.json", OUT / f"closed_loop_{Path(pair).name}.json")
+
+
 def phase_sim(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
     stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", v.get("SIZES", "128,256"),
@@ -603,7 +620,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
           "rank": phase_rank, "gap": phase_gap, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
           "probe": phase_probe, "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
-          "bimanual": phase_bimanual}
+          "bimanual": phase_bimanual, "calibrate": phase_calibrate}
 
 
 def wait(v: dict) -> None:
