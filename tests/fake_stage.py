@@ -70,6 +70,11 @@ def main(argv):
         (pair / "fidelity.json").write_text(json.dumps({"episodes": 2, "pair_json_sha256": pair_sha,
             "agreement": {"balanced_accuracy": agreement, "balanced_accuracy_95": [agreement, agreement], "episodes": 2},
             "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
+    elif script == "wm_calibrate":  # bound to the pair.json it calibrated, as the real one
+        pair = Path(flag(args, "--pair"))
+        pair_sha = hashlib.sha256((pair / "pair.json").read_bytes()).hexdigest()
+        (pair / "closed_loop.json").write_text(json.dumps({"pair_json_sha256": pair_sha, "threshold": 0.3,
+                                                           "policy": flag(args, "--policy")}))
     elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from
         ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)

@@ -427,6 +427,42 @@ def test_students_put_grpo_in_the_distilled_pair_which_the_gate_measures(tmp_pat
     assert called(calls) == before
 
 
+def test_a_closed_loop_threshold_is_calibrated_in_grpos_pair_before_grpo(tmp_path, calls):
+    """cycle.closed_loop_threshold (CLOSED_LOOP=1): a calibrate stage just before grpo, by the
+    policy that collected at its collecting temperature, in the pair GRPO rolls out in (the
+    students' with STUDENTS=1); GRPO decides success with it; an unfinished cycle keeps the setting."""
+    closed = dataclasses.replace(get_config("cycle_tiny"), closed_loop_threshold=True)
+    run = new_run(tmp_path)
+    steps = plan(job(run, cfg=closed, cycles=2))
+    names = list(STAGES)
+    names.insert(names.index("grpo"), "calibrate")
+    assert [s["stage"] for s in steps] == names * 2
+    c = {(s["cycle"], s["stage"]): s["command"] for s in steps}
+    assert "--policy sft/10@T=1 " in c[1, "calibrate"] and f"--pair {run / 'cycles/cycle_1/model_pair'} " in c[1, "calibrate"]
+    assert f"--manifest {run / 'cycles/cycle_1/manifest.json'}" in c[1, "calibrate"]
+    assert "--policy 2@T=1 " in c[2, "calibrate"]  # cycle 2 collects with GRPO's step 2
+    assert "--reward-threshold closed-loop" in c[1, "grpo"]
+    both = plan(job(new_run(tmp_path, "both"), cfg=dataclasses.replace(closed, students=True)))
+    at = {s["stage"]: s["command"] for s in both}
+    assert [s["stage"] for s in both].index("calibrate") == [s["stage"] for s in both].index("grpo") - 1
+    assert "model_pair_students " in at["calibrate"]
+
+    main(job(run, cfg=closed))
+    c1 = load_state(run)["cycles"]["1"]
+    assert c1["closed_loop_threshold"] is True and called(calls).index("wm_calibrate") < called(calls).index("grpo")
+    assert json.loads((run / "cycles/cycle_1/model_pair/closed_loop.json").read_text())["threshold"] == 0.3
+
+    run2 = new_run(tmp_path, "run2")  # killed in calibrate, rerun without CLOSED_LOOP=1: refused
+    os.environ["FAKE_FAIL"] = "wm_calibrate"
+    try:
+        with pytest.raises(CycleError):
+            main(job(run2, cfg=closed))
+    finally:
+        del os.environ["FAKE_FAIL"]
+    with pytest.raises(CycleError, match="began with the reward's threshold calibrated closed loop"):
+        main(job(run2))
+
+
 def test_the_orchestrator_asks_the_agreement_gate_without_torch(tmp_path):
     """make cycle runs under the system's python3, which has no torch: the cycle and GRPO's
     agreement gate it asks (refusal text included) must not import it."""

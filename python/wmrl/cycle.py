@@ -18,6 +18,9 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
     distill, reward_students, package_students, wm_eval_students
                the pair's one-step students, their own reward, their pair and its wm_eval
                                                                      -> cycle_n/model_pair_students/
+    (``cycle.closed_loop_threshold``, CLOSED_LOOP=1)
+    calibrate  the reward's threshold closed loop in GRPO's pair, by the policy that collected
+               (make wm-calibrate); GRPO decides success with it      -> PAIR/closed_loop.json
     grpo       GRPO inside the pair from the current policy, ``grpo_steps`` further (60 -> 80);
                waits for evaluate_start            -> RUN/weights/policy/global_step_T
     evaluate   the real 10 x 50 evaluation of step T (GRPO's last step writes it; run if missing)
@@ -56,6 +59,10 @@ from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreeme
 FORMAT = "wmrl-cycle/1"
 STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
 STUDENT_STAGES = ("distill", "reward_students", "package_students", "wm_eval_students")  # after wm_eval (students)
+CLOSED_LOOP_STAGES = ("calibrate",)  # just before grpo (closed_loop_threshold)
+# settings a cycle keeps from its start to its end: (record key and cycle.<name>, how a person names it)
+KEPT_SETTINGS = (("students", "the world models' students (STUDENTS={})"),
+                 ("closed_loop_threshold", "the reward's threshold calibrated closed loop (CLOSED_LOOP={})"))
 
 
 class CycleError(ConfigError):
@@ -127,10 +134,11 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
     key = str(n)
     if key in state["cycles"]:
         rec = state["cycles"][key]
-        if not rec.get("finished") and rec.get("students", False) != job.cfg.students:
-            raise CycleError(f"cycle {n} of {job.run} began {'with' if rec.get('students') else 'without'} the "
-                             f"world models' students (STUDENTS={int(bool(rec.get('students')))}): rerun with that "
-                             "setting to finish it; the next cycle may change it")
+        for name, what in KEPT_SETTINGS:
+            if not rec.get("finished") and rec.get(name, False) != getattr(job.cfg, name):
+                raise CycleError(f"cycle {n} of {job.run} began {'with' if rec.get(name) else 'without'} "
+                                 f"{what.format(int(bool(rec.get(name))))}: rerun with that setting to finish it; "
+                                 "the next cycle may change it")
         return follow_grpo_steps(job, rec, n, planning)
     layout = RunLayout(job.run)
     if n == 1:
@@ -155,7 +163,7 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
             start, policy = prev["grpo_to"], str(prev["grpo_to"])
     rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
            "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
-           "students": job.cfg.students,
+           "students": job.cfg.students, "closed_loop_threshold": job.cfg.closed_loop_threshold,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
     state["cycles"][key] = rec
     return rec
@@ -257,7 +265,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "--target", str(target), "--seed", str(job.seed), "--no-progress", *opt("--workers", job.workers),
             *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ()),
             # as for success_chunks: a flag only where the cycle's floor is not the profile's GRPO floor
-            *(("--min-agreement", str(job.cfg.min_agreement)) if job.cfg.min_agreement != grpo.min_agreement else ())),
+            *(("--min-agreement", str(job.cfg.min_agreement)) if job.cfg.min_agreement != grpo.min_agreement else ()),
+            *(("--reward-threshold", "closed-loop") if rec.get("closed_loop_threshold") else ())),
             (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
@@ -276,6 +285,12 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
                 "python/wm_eval.py", "--run", str(c), "--pair", str(pair), "--episodes", str(job.cfg.wm_eval_episodes),
                 "--videos", str(job.cfg.videos), "--seed", str(job.seed)), (pair / FIDELITY_FILE,), gpu=True, verify=False),
         ]
+    if rec.get("closed_loop_threshold"):  # by the policy that collected, at its collecting temperature
+        calibrated = f"{rec['policy_in']}@T={get_profile(job.profile).collect.temperature:g}"
+        stages.insert([st.name for st in stages].index("grpo"), Stage("calibrate", "train", (
+            "python/wm_calibrate.py", "--run", str(run), "--pair", str(pair), "--manifest", str(cl.manifest),
+            "--policy", calibrated, "--success-chunks", str(job.cfg.success_chunks), "--seed", str(job.seed),
+            "--overwrite"), (pair / "closed_loop.json",), gpu=True, verify=False))
     return stages
 
 
