@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from wmrl.config import ConfigError, GRPOConfig
@@ -51,6 +52,12 @@ def test_calibration_by_the_policy_that_recorded_the_held_out_episodes(sft_run, 
     assert 0 < out["at_threshold"]["recorded_success"] < 1  # both outcomes among the held-out episodes
     assert out["at_threshold"]["rollouts"] == 2 * out["keyframes"]["count"]
 
+    cli = subprocess.run([sys.executable, "python/wm_calibrate.py", "--run", str(run), "--policy", "sft/10@T=1",
+                          "--trials", "2", "--max-chunk", "2", "--device", "cpu"], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[2])
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    written = json.loads((pair / closed_loop.CLOSED_LOOP_FILE).read_text())
+    assert written["threshold"] in closed_loop.GRID + (0.5,) and f"threshold {written['threshold']:.2f}" in cli.stdout
     write_json(pair / closed_loop.CLOSED_LOOP_FILE, out)
     assert closed_loop.grpo_threshold("closed-loop", pair, 1) == out["threshold"]
     assert closed_loop.grpo_threshold("pair", pair, 1) == 0.0 and closed_loop.grpo_threshold("0.3", pair, 1) == 0.3

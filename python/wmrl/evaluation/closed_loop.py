@@ -8,9 +8,10 @@ failed from starts whose recorded episode succeeded peaked between 0.2 and 0.74 
 held-out episodes acts again from their keyframes in the pair, every rollout imagined to the last
 chunk with the reward's probability kept, and the threshold is the one at which the pair's
 imagined success best tells the episodes that succeeded from those that failed (balanced
-accuracy; the recorded outcome is one draw of the policy from that start, so no threshold reaches
-1). ``make wm-calibrate`` writes it to PAIR/closed_loop.json; ``make grpo ... --reward-threshold
-closed-loop`` uses it.
+accuracy, BA: an imagined rollout carries about (2 BA - 1)^2 of a real one's policy-gradient
+signal, bench/grpo_snr.py, so the best BA is the most signal per rollout; the recorded outcome is
+one draw of the policy from that start, so no threshold reaches 1). ``make wm-calibrate``
+writes it to PAIR/closed_loop.json; ``make grpo ... REWARD_THRESHOLD=closed-loop`` uses it.
 """
 
 from __future__ import annotations
