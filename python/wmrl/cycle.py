@@ -59,7 +59,6 @@ from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreeme
 FORMAT = "wmrl-cycle/1"
 STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
 STUDENT_STAGES = ("distill", "reward_students", "package_students", "wm_eval_students")  # after wm_eval (students)
-CLOSED_LOOP_STAGES = ("calibrate",)  # just before grpo (closed_loop_threshold)
 # settings a cycle keeps from its start to its end: (record key and cycle.<name>, how a person names it)
 KEPT_SETTINGS = (("students", "the world models' students (STUDENTS={})"),
                  ("closed_loop_threshold", "the reward's threshold calibrated closed loop (CLOSED_LOOP={})"))
