@@ -4,6 +4,7 @@ imagined success beside the recorded episode's real success.
 
     python bench/closed_loop_gap.py runs/h200/grpo/seed0 runs/h200/grpo/seed1 [--steps 1] [--json out.json]
     python bench/closed_loop_gap.py runs/h200/grpo/seed0 --steps 1 --thresholds 0.74,0.5,0.3,0.2,0.1
+    python bench/closed_loop_gap.py runs/h200/grpo/seed0 runs/h200/grpo/seed1 --steps 1 --by-task --thresholds 0.3
 
 Where the policy in the loop is the one that recorded the episodes (GRPO's first step from the
 collecting checkpoint, at the same temperature), imagined and recorded success should match. A
@@ -68,7 +69,8 @@ def run_rollouts(run: Path, steps: set[int] | None) -> tuple[list[dict], float |
                          f"{k['episode']}:{k['chunk']}: the run's keyframe index and its rollouts do not belong together")
             if k.get("episode_success") is None or not k.get("episode_policy"):
                 continue  # a pair packaged before keyframes carried their episode's outcome
-            out.append({"policy": k["episode_policy"], "chunk": int(k["chunk"]), "recorded": bool(k["episode_success"]),
+            out.append({"policy": k["episode_policy"], "chunk": int(k["chunk"]), "task": int(k["task"]),
+                        "recorded": bool(k["episode_success"]),
                         "imagined": bool(o["success"]), "peak": o.get("reward_peak")})
     saved = layout.policy_steps("policy")
     threshold = (json.loads((layout.checkpoint(saved[-1]) / "config.json").read_text()).get("env", {})
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", help="only these GRPO steps, e.g. 1 (the policy that recorded the episodes) or 1-3")
     p.add_argument("--thresholds", help="comma-separated reward thresholds, each at most the run's own: what they "
                                         "would have made of the same rollouts (e.g. 0.74,0.5,0.3,0.2)")
+    p.add_argument("--by-task", action="store_true", help="also per task, all the runs together (imagined at the run's "
+                                                           "threshold and at each of --thresholds, recorded)")
     p.add_argument("--json", type=Path, help="write the table here too")
     args = p.parse_args(argv)
     steps = None
@@ -109,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         lo, _, hi = args.steps.partition("-")
         steps = set(range(int(lo), int(hi or lo) + 1))
     thresholds = [float(x) for x in args.thresholds.split(",")] if args.thresholds else []
-    table, sweeps = {}, {}
+    table, sweeps, everyone = {}, {}, []
     for run in args.runs:
         if not (run / "grpo" / "rollouts.jsonl").exists():
             sys.exit(f"error: {run}/grpo/rollouts.jsonl not found: give the folder of a GRPO run (its --run)")
         rollouts, own = run_rollouts(run, steps)
+        everyone += rollouts
         rows = run_rows(run, steps)
         print(f"{run}: imagined / recorded success by recording policy and keyframe chunk (rollouts)")
         for policy in sorted({pol for pol, _ in rows}):
@@ -136,11 +141,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {row['policy']} at {row['threshold']:.2f}: recorded {100 * row['recorded_success']:.0f}%, "
                       f"imagined {100 * row['imagined_success']:.0f}% | {_pct(row['given_recorded_success'])}, "
                       f"{_pct(row['given_recorded_failure'])}; {_num(row['balanced_accuracy'])}")
+    by_task = task_rows(everyone, thresholds) if args.by_task else []
+    for policy in sorted({r["policy"] for r in by_task}):
+        print(f"all runs, {policy}, by task: imagined (at {', '.join(map(str, thresholds)) or '-'}) / recorded (rollouts)")
+        for r in (r for r in by_task if r["policy"] == policy):
+            at = " ".join(f"{100 * x:.0f}%" for x in r["imagined_at"])
+            print(f"  task {r['task']}: {100 * r['imagined']:.0f}% ({at}) / {100 * r['recorded']:.0f}% ({r['rollouts']})")
     if args.json:
         from wmrl.fileio import write_json
 
-        write_json(args.json, {"steps": args.steps, "runs": table, "threshold_sweeps": sweeps})
+        write_json(args.json, {"steps": args.steps, "runs": table, "threshold_sweeps": sweeps, "by_task": by_task})
     return 0
+
+
+def task_rows(rollouts: list[dict], thresholds: list[float]) -> list[dict]:
+    """Per recording policy and task: imagined success as logged and at each threshold (the
+    logged peak reaching it), the recorded success, the rollouts."""
+    out = []
+    for policy, task in sorted({(r["policy"], r["task"]) for r in rollouts}):
+        rs = [r for r in rollouts if r["policy"] == policy and r["task"] == task]
+        out.append({"policy": policy, "task": task, "rollouts": len(rs), "imagined": sum(r["imagined"] for r in rs) / len(rs),
+                    "imagined_at": [sum(r["peak"] is not None and r["peak"] >= th for r in rs) / len(rs)
+                                    for th in thresholds],
+                    "recorded": sum(r["recorded"] for r in rs) / len(rs)})
+    return out
 
 
 def _pct(x: float | None) -> str:

@@ -412,6 +412,8 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     at_own, lower = bench.policy_sweeps(rollouts, [own, own / 2])
     assert own == pytest.approx(0.5) and at_own["imagined_success"] == sum(r["imagined"] for r in rollouts) / 16
     assert lower["imagined_success"] >= at_own["imagined_success"]  # a lower bar: every success stays one
+    [task0] = bench.task_rows(rollouts, [own])  # one task in the tiny pair
+    assert task0["task"] == 0 and task0["rollouts"] == 16 and task0["imagined_at"] == [at_own["imagined_success"]]
     # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing
     final = run_with_pair / "evidence/evaluations/global_step_4.json"
     final.unlink()
