@@ -74,6 +74,9 @@ def main(args) -> int:
         ba = row["balanced_accuracy"]
         print(f"[wm-calibrate] {row['threshold']:.2f}: imagined {100 * row['imagined_success']:.0f}% "
               f"(recorded {100 * row['recorded_success']:.0f}%), balanced {'-' if ba is None else f'{ba:.3f}'}")
+    for row in result["by_task"]:
+        print(f"[wm-calibrate] task {row['task']} at {result['threshold']:.2f}: imagined "
+              f"{100 * row['imagined_success']:.0f}%, recorded {100 * row['recorded_success']:.0f}% ({row['rollouts']} rollouts)")
     best, old = result["at_threshold"], result["at_calibrated"]
     print(f"[wm-calibrate] threshold {result['threshold']:.2f} (open-loop calibration {result['calibrated_threshold']:.2f}): "
           f"balanced {best['balanced_accuracy']:.3f} vs {old['balanced_accuracy'] or 0:.3f}, imagined success "

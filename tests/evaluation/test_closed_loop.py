@@ -51,6 +51,8 @@ def test_calibration_by_the_policy_that_recorded_the_held_out_episodes(sft_run, 
     assert out["at_threshold"]["balanced_accuracy"] == max(r["balanced_accuracy"] for r in out["sweep"])
     assert 0 < out["at_threshold"]["recorded_success"] < 1  # both outcomes among the held-out episodes
     assert out["at_threshold"]["rollouts"] == 2 * out["keyframes"]["count"]
+    [task0] = out["by_task"]  # the tiny pair's one task: the whole sweep's row at the chosen threshold
+    assert task0["task"] == 0 and task0["imagined_success"] == out["at_threshold"]["imagined_success"]
 
     cli = subprocess.run([sys.executable, "python/wm_calibrate.py", "--run", str(run), "--policy", "sft/10@T=1",
                           "--trials", "2", "--max-chunk", "2", "--device", "cpu"], capture_output=True, text=True,
