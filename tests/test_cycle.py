@@ -450,7 +450,17 @@ def test_a_closed_loop_threshold_is_calibrated_in_grpos_pair_before_grpo(tmp_pat
     main(job(run, cfg=closed))
     c1 = load_state(run)["cycles"]["1"]
     assert c1["closed_loop_threshold"] is True and called(calls).index("wm_calibrate") < called(calls).index("grpo")
-    assert json.loads((run / "cycles/cycle_1/model_pair/closed_loop.json").read_text())["threshold"] == 0.3
+    cal = run / "cycles/cycle_1/model_pair/closed_loop.json"
+    assert json.loads(cal.read_text())["threshold"] == 0.3
+    from wmrl.report import write_report  # the report sets the chosen threshold beside the replays'
+
+    row = {"imagined_success": 0.4, "recorded_success": 0.6, "balanced_accuracy": 0.74}
+    cal.write_text(json.dumps({**json.loads(cal.read_text()), "calibrated_threshold": 0.74, "at_threshold": row,
+                               "at_calibrated": {**row, "imagined_success": 0.28, "balanced_accuracy": 0.7},
+                               "by_task": [{"task": 4, "imagined_success": 0.03, "recorded_success": 0.68}]}))
+    md = write_report(run)[1].read_text()
+    assert "| 0.3 (chosen) | 40.0% | 60.0% | 0.74 |" in md and "| 0.74 (replays) | 28.0% | 60.0% | 0.7 |" in md
+    assert "| task 4 at the chosen one | 3.0% | 68.0% |" in md
 
     run2 = new_run(tmp_path, "run2")  # killed in calibrate, rerun without CLOSED_LOOP=1: refused
     os.environ["FAKE_FAIL"] = "wm_calibrate"

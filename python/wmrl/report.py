@@ -207,6 +207,18 @@ def world_models(pair: Path, run: Path) -> list[Block]:
                      ["cost, seconds (imagined / real)", d["cost"]["imagined_seconds"], d["cost"]["real_seconds"]]]))
         if (pair / "ranking.png").exists():
             out.append(("image", pair / "ranking.png", "policy ranking: imagined against real success"))
+    cl = pair / "closed_loop.json"  # make wm-calibrate: the reward's threshold with the policy acting in the pair
+    if cl.exists():
+        d = json.loads(cl.read_text())
+        best, old = d.get("at_threshold") or {}, d.get("at_calibrated") or {}
+        out.append(("table", ["threshold, closed loop (make wm-calibrate)", "imagined success", "recorded success",
+                              "balanced accuracy"],
+                    [[f"{d.get('threshold')} (chosen)", _pct(best.get("imagined_success")),
+                      _pct(best.get("recorded_success")), best.get("balanced_accuracy", "-")],
+                     [f"{d.get('calibrated_threshold')} (replays)", _pct(old.get("imagined_success")),
+                      _pct(old.get("recorded_success")), old.get("balanced_accuracy", "-")]] +
+                    [[f"task {t['task']} at the chosen one", _pct(t["imagined_success"]), _pct(t["recorded_success"]), ""]
+                     for t in d.get("by_task", [])]))
     return out
 
 
