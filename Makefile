@@ -281,7 +281,7 @@ wm-rank: setup
 		$(call opt,--real-trials,$(REAL_TRIALS)) $(call opt,--workers,$(WORKERS)) $(DRY)
 
 wm-calibrate: setup
-	@test -n "$(POLICY)" || { echo 'error: give POLICY=<the checkpoint that recorded the held-out episodes>@T=<its temperature>, e.g. sft/4000@T=1'; exit 2; }
+	@test "$(origin POLICY)" != file || { echo 'error: give POLICY=<the checkpoint that recorded the held-out episodes>@T=<its temperature>, e.g. sft/4000@T=1'; exit 2; }
 	$(TRAIN_PY) python/wm_calibrate.py --run $(RUN) --policy $(POLICY) $(call opt,--pair,$(PAIR)) \
 		$(call opt,--manifest,$(MANIFEST)) $(call opt,--trials,$(TRIALS)) $(call opt,--success-chunks,$(SUCCESS_CHUNKS)) \
 		$(OVER) $(DRY)
