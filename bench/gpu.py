@@ -15,6 +15,7 @@ returns only a few files).
                                (a carried policy instead of learn: carry .offline/policy; bench/policy_pack.py)
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                PAIRS="RUN/model_pair RUN/model_pair_students": one run per pair and seed, at once
+                               THRESHOLDS="pair closed-loop": one run per reward threshold too (after calibrate)
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
@@ -275,22 +276,26 @@ def phase_grpo(v: dict, env: dict) -> None:
     """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores;
     NPROC=2: each run on two GPUs (GPUS=0,1; one seed), its groups' rollouts split between them.
     PAIRS="runs/h200/model_pair runs/h200/model_pair_students": one run per pair and seed, all at
-    once (GRPO_RUN/<pair's folder name>_seedS), e.g. teachers against their students on one GPU."""
+    once (GRPO_RUN/<pair's folder name>_seedS), e.g. teachers against their students on one GPU.
+    THRESHOLDS="pair closed-loop": one run per reward threshold too (GRPO_RUN/seedS_<threshold>),
+    the replay-calibrated one against make wm-calibrate's in the same pair, all at once."""
     seeds = v.get("SEEDS", "0").split(",")
     pairs = v["PAIRS"].split() if "PAIRS" in v else [v.get("PAIR")]
-    if len(pairs) > 1 and v.get("PACK_BACK"):
-        sys.exit("error: PACK_BACK brings back one pair's runs: give PAIR=... instead of PAIRS")
+    thresholds = v["THRESHOLDS"].split() if "THRESHOLDS" in v else [None]
+    if (len(pairs) > 1 or len(thresholds) > 1) and v.get("PACK_BACK"):
+        sys.exit("error: PACK_BACK brings back one setting's runs: give PAIR=... (and no THRESHOLDS)")
     gpus = v.get("GPUS", "0").split(",")
     nproc = int(v.get("NPROC", "1"))
-    runs = [(s, pair) for pair in pairs for s in seeds]
+    runs = [(s, pair, th) for pair in pairs for th in thresholds for s in seeds]
     per = int(v.get("WORKERS_PER_RUN", max(1, (os.cpu_count() or 2) // len(runs))))
     root = Path(v.get("GRPO_RUN", f"{v.get('RUN', 'runs/h200')}/grpo"))
+    names = [(f"seed{s}" if len(pairs) == 1 else f"{Path(pair).name}_seed{s}") + (f"_{th}" if th else "")
+             for s, pair, th in runs]
     procs = []
-    for i, (s, pair) in enumerate(runs):
-        name = f"seed{s}" if len(pairs) == 1 else f"{Path(pair).name}_seed{s}"
+    for i, ((s, pair, th), name) in enumerate(zip(runs, names)):
         args = ["--run-dir", root / name, "--from-run", v.get("FROM", v.get("RUN", "runs/h200")),
                 "--target", v.get("TARGET", "20"), "--seed", s, "--workers", per, "--no-progress", "--env", v.get("ENV", "sim"),
-                *(["--pair", pair] if pair else [])]
+                *(["--pair", pair] if pair else []), *(["--reward-threshold", th] if th else [])]
         if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
             args.append("--no-eval-first")
         for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--lr", "LR"), ("--groups", "GROUPS"),
@@ -315,7 +320,6 @@ def phase_grpo(v: dict, env: dict) -> None:
     for p in again:
         finish(*p)
     if v.get("ENV") == "wm":  # imagined beside recorded success by start keyframe (the rollouts log outgrows the pack)
-        names = [f"seed{s}" if len(pairs) == 1 else f"{Path(pair).name}_seed{s}" for s, pair in runs]
         stage(f"closed_loop_gap{v.get('TAG', '')}", "bench/closed_loop_gap.py",
               [*(root / n for n in names), "--json", OUT / f"closed_loop_gap{v.get('TAG', '')}.json"], env)
     pack(root, "grpo" + v.get("TAG", ""))
