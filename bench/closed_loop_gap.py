@@ -78,10 +78,10 @@ def run_rollouts(run: Path, steps: set[int] | None) -> tuple[list[dict], float |
     return out, threshold
 
 
-def run_rows(run: Path, steps: set[int] | None) -> dict:
+def chunk_rows(rollouts: list[dict]) -> dict:
     """{(recording policy, keyframe chunk): [imagined successes, recorded successes, rollouts]}."""
     rows: dict = defaultdict(lambda: [0, 0, 0])
-    for r in run_rollouts(run, steps)[0]:
+    for r in rollouts:
         row = rows[(r["policy"], r["chunk"])]
         row[0] += r["imagined"]
         row[1] += r["recorded"]
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"error: {run}/grpo/rollouts.jsonl not found: give the folder of a GRPO run (its --run)")
         rollouts, own = run_rollouts(run, steps)
         everyone += rollouts
-        rows = run_rows(run, steps)
+        rows = chunk_rows(rollouts)
         print(f"{run}: imagined / recorded success by recording policy and keyframe chunk (rollouts)")
         for policy in sorted({pol for pol, _ in rows}):
             cells = [(c, *rows[(policy, c)]) for c in sorted(c for pol, c in rows if pol == policy)]

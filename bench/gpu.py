@@ -113,7 +113,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 from wmrl.layout import RunLayout  # noqa: E402  (standard library only: fine before the environment is ready)
 from wmrl.procs import torchrun  # noqa: E402  (likewise)
-from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreement  # noqa: E402  (likewise)
+from wmrl.release.pair import CLOSED_LOOP_FILE, FIDELITY_FILE, ModelPair, PairError, check_agreement  # noqa: E402  (likewise)
 
 PROFILE = "default"
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "runs" / "gpu_out"))  # not $OUT: the lent machine's tool uses that name
@@ -532,8 +532,8 @@ def phase_calibrate(v: dict, env: dict) -> None:
     stage("wm_calibrate", "wm_calibrate.py", ["--run", run, "--pair", pair, "--policy",
                                               v.get("CALIBRATE_POLICY", "sft/4000@T=1"), "--trials", v.get("TRIALS", "8"),
                                               "--overwrite", "--device", v.get("DEVICE", "cuda")], env)
-    if (Path(pair) / "closed_loop.json").exists():
-        shutil.copy(Path(pair) / "closed_loop.json", OUT / f"closed_loop_{Path(pair).name}.json")
+    if (Path(pair) / CLOSED_LOOP_FILE).exists():
+        shutil.copy(Path(pair) / CLOSED_LOOP_FILE, OUT / f"closed_loop_{Path(pair).name}.json")
 
 
 def phase_sim(v: dict, env: dict) -> None:

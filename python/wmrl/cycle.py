@@ -54,7 +54,7 @@ from wmrl.config import ConfigError, CycleConfig, get_profile
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
-from wmrl.release.pair import FIDELITY_FILE, ModelPair, PairError, check_agreement
+from wmrl.release.pair import CLOSED_LOOP_FILE, FIDELITY_FILE, ModelPair, PairError, check_agreement
 
 FORMAT = "wmrl-cycle/1"
 STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "package", "wm_eval", "grpo", "evaluate")
@@ -289,7 +289,7 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
         stages.insert([st.name for st in stages].index("grpo"), Stage("calibrate", "train", (
             "python/wm_calibrate.py", "--run", str(run), "--pair", str(pair), "--manifest", str(cl.manifest),
             "--policy", calibrated, "--success-chunks", str(job.cfg.success_chunks), "--seed", str(job.seed),
-            "--overwrite"), (pair / "closed_loop.json",), gpu=True, verify=False))
+            "--overwrite"), (pair / CLOSED_LOOP_FILE,), gpu=True, verify=False))
     return stages
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from wmrl.layout import RunLayout, parse_step_name
-from wmrl.release.pair import FIDELITY_FILE
+from wmrl.release.pair import CLOSED_LOOP_FILE, FIDELITY_FILE
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("image", path, caption) | ("video", path, caption)
 
@@ -207,7 +207,7 @@ def world_models(pair: Path, run: Path) -> list[Block]:
                      ["cost, seconds (imagined / real)", d["cost"]["imagined_seconds"], d["cost"]["real_seconds"]]]))
         if (pair / "ranking.png").exists():
             out.append(("image", pair / "ranking.png", "policy ranking: imagined against real success"))
-    cl = pair / "closed_loop.json"  # make wm-calibrate: the reward's threshold with the policy acting in the pair
+    cl = pair / CLOSED_LOOP_FILE  # make wm-calibrate: the reward's threshold with the policy acting in the pair
     if cl.exists():
         d = json.loads(cl.read_text())
         best, old = d.get("at_threshold") or {}, d.get("at_calibrated") or {}

@@ -403,11 +403,11 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     spec = importlib.util.spec_from_file_location("closed_loop_gap", Path(__file__).parents[2] / "bench/closed_loop_gap.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench.run_rows(run_with_pair, None)
+    rows = bench.chunk_rows(bench.run_rollouts(run_with_pair, None)[0])
     assert {pol for pol, _ in rows} == {"test"} and sum(n for _, _, n in rows.values()) == 16  # 4 steps x 4
     assert sum(i for i, _, _ in rows.values()) == sum(o["success"] for r in rolls for o in r["outcomes"])
     assert all(r == n for _, r, n in rows.values())  # every synthetic episode succeeded
-    assert sum(n for _, _, n in bench.run_rows(run_with_pair, {1}).values()) == 4
+    assert sum(n for _, _, n in bench.chunk_rows(bench.run_rollouts(run_with_pair, {1})[0]).values()) == 4
     rollouts, own = bench.run_rollouts(run_with_pair, None)
     at_own, lower = bench.policy_sweeps(rollouts, [own, own / 2])
     assert own == pytest.approx(0.5) and at_own["imagined_success"] == sum(r["imagined"] for r in rollouts) / 16

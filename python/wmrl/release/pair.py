@@ -39,6 +39,7 @@ PARTS = ("main", "wrist", "reward")
 INIT_FILE = "init_observations.safetensors"
 INIT_INDEX = "init_observations.json"
 FIDELITY_FILE = "fidelity.json"  # `make wm-eval`'s figures, written beside pair.json
+CLOSED_LOOP_FILE = "closed_loop.json"  # `make wm-calibrate`'s threshold, written beside pair.json
 
 
 class PairError(ConfigError):

@@ -134,9 +134,8 @@ def plan(job: GRPOJob) -> dict:
                 f"evaluation: evaluate it ({job.cfg.final_trials} trials per task), no GRPO step"}
     pair = None
     if job.cfg.env == "wm":
-        from wmrl.release.pair import check_contract, load_pair
-
         from wmrl.evaluation.closed_loop import grpo_threshold
+        from wmrl.release.pair import check_contract, load_pair
 
         p = load_pair(job.pair or RunLayout(job.run).model_pair)  # hashes checked
         check_contract(p, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size)
@@ -658,9 +657,8 @@ def main(job: GRPOJob) -> dict:
     if kind == "evaluate":
         return evaluate_saved(job, info)
     if cfg.env == "wm":  # the pair's hashes and contract, before any weight or rollout
-        from wmrl.release.pair import check_contract, load_pair
-
         from wmrl.evaluation.closed_loop import grpo_threshold
+        from wmrl.release.pair import check_contract, load_pair
 
         check_contract(load_pair(job.pair or layout.model_pair), image_size=job.sim.image_size,
                        chunk_size=job.sim.chunk_size)
