@@ -48,7 +48,7 @@ returns only a few files).
                                from the current frame with sigma_data S, ~W: moving pixels weigh 1 + W in the loss,
                                a final ^: the end effector now and after the chunk drawn as input channels;
                                each ends with its action response; bench/wm_probe.py)
-    python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 SF_STEPS=600 BATCHES=64,256]   (after wm: one-step
+    python3 bench/gpu.py distill RUN=runs/h200 [DISTILL_STEPS=1000 SF_STEPS=600 BATCHES=64,256 DISTILL_BENCH=0] (one-step
                                students against their teachers: fidelity, imagined steps/s with the policy;
                                SF_STEPS: Stage 3, self-forcing DMD, after the sampler distillation;
                                after a cycle: unpack+cycle+distill ... DISTILL_RUN=runs/h200/cycles/cycle_1;
@@ -477,10 +477,12 @@ def phase_distill(v: dict, env: dict) -> None:
     students = str(RunLayout(run).student_pair)
     stage("wm_reward_students", "wm_reward.py", ["--run", run, "--students", "--no-progress", "--overwrite"], env)
     stage("package_students", "package_pair.py", ["--run", run, "--students", "--out", students, "--overwrite"], env)
-    for name, pair in (("teacher", f"{run}/model_pair"), ("student", students)):
+    # DISTILL_BENCH=0: the students' evaluation only (the wm phase evaluated the teachers; no timing)
+    bench = v.get("DISTILL_BENCH", "1") == "1"
+    for name, pair in (("teacher", f"{run}/model_pair"), ("student", students))[0 if bench else 1:]:
         stage(f"wm_eval_{name}", "wm_eval.py", ["--run", run, "--pair", pair, "--videos", "2"], env)
     batches = v.get("BATCHES", "64,256")
-    for steps in ("3", "1"):
+    for steps in ("3", "1") if bench else ():
         stage(f"imagine_{steps}step", "bench/wm_throughput.py", [
             "--skip-training", "--sample-steps", steps, "--batch", max(batches.split(","), key=int), "--closed-loop",
             batches, "--json", OUT / f"imagine_{steps}step.json"], env)
