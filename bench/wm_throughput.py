@@ -76,8 +76,9 @@ def flops_per_sample(model, cfg, device) -> float:
 
 
 VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
-            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn")
-# +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark), with any of them
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "compile+nhwc+plain")
+# +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark), with any of them;
+# +plain: the model's plain modules instead of its fast kernels (FrameWorldModel.use_fast_kernels)
 # the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
 COMPILED = {"nhwc", "graphs", "autotune"}
 
@@ -85,7 +86,7 @@ COMPILED = {"nhwc", "graphs", "autotune"}
 def variant_options(variant: str) -> dict:
     """A ``--variants`` entry -> the ``WMTrainConfig`` speed fields it sets; an unknown one exits
     with the choices (checked for every entry before anything loads)."""
-    options = set(variant.split("+")) - {"eager"}
+    options = set(variant.split("+")) - {"eager", "plain"}
     if options - {"channels_last", "compile", "cudnn"} - COMPILED or (options & COMPILED and "compile" not in options):
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     mode = {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
@@ -110,7 +111,7 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
     # back its graph (the same code, the same shapes), whatever inductor's layout option says now
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = FrameWorldModel(cfg).to(device)
+    model = FrameWorldModel(cfg).to(device).use_fast_kernels("plain" not in variant.split("+"))
     fps = flops_per_sample(model, cfg, device)
     init_distributed(on_gpu)
     engine, *_ = deepspeed.initialize(model=speed_up(Objective(model, 1.0), t), model_parameters=model.parameters(),

@@ -179,6 +179,41 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
         inductor.force_layout_optimization = False
 
 
+def test_fast_kernels_compute_the_plain_modules_function_and_gradients():
+    """The refine head on padded channel counts and the U-Net's upsampling written as a broadcast
+    are the same function as the plain modules: the loss and every parameter's gradient agree,
+    in NCHW and NHWC (neither adds a parameter: models saved before them load as they were)."""
+    import torch.nn.functional as F
+    from wmrl.worldmodel.model import Upsample2x, tensor_core_conv
+
+    x = torch.randn(2, 5, 3, 4)
+    up = Upsample2x()
+    for layout in (torch.contiguous_format, torch.channels_last):
+        torch.testing.assert_close(up(x.contiguous(memory_format=layout)), F.interpolate(x, scale_factor=2), rtol=0, atol=0)
+    conv = torch.nn.Conv2d(9, 3, 3, padding=1)
+    torch.testing.assert_close(tensor_core_conv(torch.randn(2, 9, 6, 6).requires_grad_(), conv).shape, (2, 3, 6, 6))
+
+    cfg = dataclasses.replace(TINY.main, patch=2, refine=8)  # both paths: a full-resolution head, upsampling
+    batch = {"frames": torch.rand(3, cfg.input_frames, 3, 64, 64) * 2 - 1, "target": torch.rand(3, 3, 64, 64) * 2 - 1,
+             "actions": torch.rand(3, cfg.action_chunks * cfg.chunk_size, cfg.action_dim) * 2 - 1,
+             "proprio": torch.randn(3, cfg.proprio_dim), "next_proprio": torch.randn(3, cfg.proprio_dim)}
+    torch.manual_seed(0)
+    model = FrameWorldModel(cfg)
+    for p in model.parameters():  # the zero-initialised output layers would hide a wrong path
+        torch.nn.init.normal_(p, std=0.05)
+    results = []
+    for fast in (True, False):
+        model.zero_grad()
+        torch.manual_seed(1)  # the same noise levels and noise
+        loss, _ = model.use_fast_kernels(fast).loss(**batch)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (fast_loss, fast_grads), (plain_loss, plain_grads) = results
+    torch.testing.assert_close(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
     """NHWC inside the compiled graph is on by default (measured faster on the H200); without
     compile it must not touch inductor's global option, which another compiled run would read."""

@@ -75,6 +75,39 @@ class FourierFeatures(nn.Module):
         return torch.cat([f.cos(), f.sin()], dim=-1)
 
 
+def tensor_core_conv(x: torch.Tensor, conv: nn.Conv2d, multiple: int = 8) -> torch.Tensor:
+    """``conv(x)`` with its input and output channels zero-padded to a multiple of ``multiple``
+    and the padding cut off again: the same result (zero channels add nothing) from cuDNN's
+    tensor-core kernels, which want channels in multiples of 8. The refine head's 9 -> 32 -> 3
+    convolutions run at full resolution, where the generic kernels cuDNN falls back to for odd
+    channel counts took a large share of a compiled training step on an H100 (bench/RESULTS.md)."""
+    pad_in, pad_out = -conv.in_channels % multiple, -conv.out_channels % multiple
+    w, b = conv.weight, conv.bias
+    if pad_in:
+        x, w = F.pad(x, (0, 0, 0, 0, 0, pad_in)), F.pad(w, (0, 0, 0, 0, 0, pad_in))
+    if pad_out:
+        w = F.pad(w, (0, 0, 0, 0, 0, 0, 0, pad_out))
+        b = None if b is None else F.pad(b, (0, pad_out))
+    y = F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return y[:, :conv.out_channels] if pad_out else y
+
+
+class Upsample2x(nn.Module):
+    """Nearest-neighbour upsampling by 2, written as a broadcast: the same values as
+    ``nn.Upsample(scale_factor=2)``, but its gradient is a sum over each 2 x 2 block (a plain
+    reduction) where the interpolation's backward is a scatter with atomic adds, ~3% of a
+    compiled training step on an H100. Laid out NHWC, the layout the compiled U-Net runs in."""
+
+    fold_backward = True  # a runtime kernel choice (``FrameWorldModel.use_fast_kernels``)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fold_backward:
+            return F.interpolate(x, scale_factor=2, mode="nearest")
+        b, c, h, w = x.shape
+        nhwc = x.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(b, h, 2, w, 2, c)
+        return nhwc.reshape(b, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
+
+
 class AdaGroupNorm(nn.Module):
     """GroupNorm whose scale and shift come from the conditioning vector."""
 
@@ -130,7 +163,7 @@ class UNet(nn.Module):
                 c = w
             self.up.append(level)
             if i > 0:
-                self.up.append(nn.ModuleList([nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(c, c, 3, padding=1)]))
+                self.up.append(nn.ModuleList([Upsample2x(), nn.Conv2d(c, c, 3, padding=1)]))
         self.out_norm = nn.GroupNorm(min(8, c), c)
         self.out = nn.Conv2d(c, cout, 3, padding=1)
         nn.init.zeros_(self.out.weight)
@@ -192,6 +225,17 @@ class FrameWorldModel(Pretrained, nn.Module):
                                           nn.Linear(h, cfg.proprio_dim))
 
     channels_last = False  # a runtime layout choice, not part of the saved config
+    fast_kernels = True  # runtime kernel choices of the same function (``use_fast_kernels``)
+
+    def use_fast_kernels(self, on: bool = True) -> "FrameWorldModel":
+        """The refine head on tensor-core channel counts and the U-Net's upsampling with a
+        reduction for its gradient (on by default; off: the plain modules, for comparison in
+        ``bench/wm_throughput.py``). The parameters and results are the same up to rounding."""
+        self.fast_kernels = on
+        for m in self.modules():
+            if isinstance(m, Upsample2x):
+                m.fold_backward = on
+        return self
 
     def use_channels_last(self) -> "FrameWorldModel":
         """NHWC activations for the U-Net: cuDNN's bf16 convolutions on tensor cores prefer
@@ -257,7 +301,12 @@ class FrameWorldModel(Pretrained, nn.Module):
         if self.cfg.patch > 1:
             out = F.pixel_shuffle(out, self.cfg.patch)
         if self.cfg.refine > 0:  # full-resolution touch-up: sees each pixel's noise and the current frame
-            out = out + self.refine_head(torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1))
+            h = torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1)
+            if self.fast_kernels:
+                first, act, last = self.refine_head
+                out = out + tensor_core_conv(act(tensor_core_conv(h, first)), last)
+            else:
+                out = out + self.refine_head(h)
         return c_skip * noisy + c_out * out
 
     def guided_denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
