@@ -76,9 +76,9 @@ def flops_per_sample(model, cfg, device) -> float:
 
 
 VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
-            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "compile+nhwc+plain")
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "compile+nhwc+fast")
 # +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark), with any of them;
-# +plain: the model's plain modules instead of its fast kernels (FrameWorldModel.use_fast_kernels)
+# +fast: the model's fast kernels (WMTrainConfig.fast_kernels), with any of them
 # the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
 COMPILED = {"nhwc", "graphs", "autotune"}
 
@@ -86,13 +86,14 @@ COMPILED = {"nhwc", "graphs", "autotune"}
 def variant_options(variant: str) -> dict:
     """A ``--variants`` entry -> the ``WMTrainConfig`` speed fields it sets; an unknown one exits
     with the choices (checked for every entry before anything loads)."""
-    options = set(variant.split("+")) - {"eager", "plain"}
-    if options - {"channels_last", "compile", "cudnn"} - COMPILED or (options & COMPILED and "compile" not in options):
+    options = set(variant.split("+")) - {"eager"}
+    if options - {"channels_last", "compile", "cudnn", "fast"} - COMPILED or (options & COMPILED and "compile" not in options):
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     mode = {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
             (True, True): "max-autotune"}["graphs" in options, "autotune" in options]
     return {"channels_last": "channels_last" in options, "compile": "compile" in options,
-            "compile_nhwc": "nhwc" in options, "compile_mode": mode, "cudnn_benchmark": "cudnn" in options}
+            "compile_nhwc": "nhwc" in options, "compile_mode": mode, "cudnn_benchmark": "cudnn" in options,
+            "fast_kernels": "fast" in options}
 
 
 def bench_training(prof, args, device, variant: str = "eager") -> dict:
@@ -112,9 +113,8 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = FrameWorldModel(cfg).to(device)
-    # the model's own FLOPs: counted on the plain modules (the fast kernels' zero channels are not work)
-    fps = flops_per_sample(model.use_fast_kernels(False), cfg, device)
-    model.use_fast_kernels("plain" not in variant.split("+"))
+    # counted on the plain modules (speed_up below sets the variant's kernels): zero channels are not work
+    fps = flops_per_sample(model, cfg, device)
     init_distributed(on_gpu)
     engine, *_ = deepspeed.initialize(model=speed_up(Objective(model, 1.0), t), model_parameters=model.parameters(),
                                       config=ds_config(t.ds_config_gpu if on_gpu else t.ds_config_cpu, t, on_gpu, 1))

@@ -570,6 +570,13 @@ class WMTrainConfig:
     # 8,132 samples/s, MFU 20.9% -> 25.3% (bench/RESULTS.md "NHWC inside the compiled graph").
     # Without compile it does nothing; False: inductor's own heuristic
     compile_nhwc: bool = True
+    # The refine head's convolutions on channel counts of tensor-core kernels (9 -> 16 in, 3 -> 8
+    # out, the zeros cut off again) and the U-Net's upsampling written so that its gradient is a
+    # reduction, not a scatter of atomic adds (``FrameWorldModel.use_fast_kernels``). Speed only,
+    # the same function (tested); a compiled H100 step spent ~20% of its time in the kernels these
+    # replace at micro batch 4,096 (bench/RESULTS.md "Training MFU by micro batch"). Off until a
+    # GPU shows the gain: bench/wm_throughput.py --variants compile+nhwc,compile+nhwc+fast
+    fast_kernels: bool = False
     # torch.compile's mode for the loss. "reduce-overhead" replays the update's kernels as CUDA
     # graphs (at micro batch 256 the H200 still waits on kernel launches: 1,024 trains 1.4-1.7x the
     # samples/s); "max-autotune-no-cudagraphs" times Triton's kernels against cuDNN's for every

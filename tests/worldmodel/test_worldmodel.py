@@ -151,8 +151,8 @@ def test_model_shapes_loss_and_batched_generation(trajectories):
 
 
 def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
-    """channels_last and torch.compile are for speed: the same frames (up to rounding) and the
-    same state_dict keys, so checkpoints and exported weights do not depend on them."""
+    """channels_last, the fast kernels and torch.compile are for speed: the same frames (up to
+    rounding) and the same state_dict keys, so checkpoints and exported weights do not depend on them."""
     from wmrl.config import override
     from wmrl.worldmodel.train import Objective, speed_up
 
@@ -167,9 +167,10 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
 
     try:
         objective = speed_up(Objective(model, 1.0), override(TINY.train, channels_last=True, compile=True,
-                                                             compile_nhwc=True))
+                                                             compile_nhwc=True, fast_kernels=True))
         assert inductor.force_layout_optimization  # compile_nhwc: inductor's own NHWC choice, forced on
         assert model.channels_last and list(objective.model.state_dict()) == keys
+        assert model.fast_kernels and not FrameWorldModel(cfg).fast_kernels  # off unless asked (unmeasured on a GPU)
         nhwc, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
         torch.testing.assert_close(nhwc, eager, atol=1e-4, rtol=1e-4)
         assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes
@@ -250,12 +251,13 @@ def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
     spec.loader.exec_module(bench)
     assert bench.variant_options("compile+nhwc+graphs+autotune") == {
         "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune",
-        "cudnn_benchmark": False}
+        "cudnn_benchmark": False, "fast_kernels": False}
+    assert bench.variant_options("compile+nhwc+fast")["fast_kernels"]
     assert bench.variant_options("compile")["compile_mode"] == "default"
     assert bench.variant_options("channels_last+cudnn")["cudnn_benchmark"]
     for variant in bench.VARIANTS:  # every listed variant is a valid training config
         override(TINY.train, **bench.variant_options(variant))
-    for bad in ("nhwc", "graphs", "compile+fast"):
+    for bad in ("nhwc", "graphs", "compile+faster"):
         with pytest.raises(SystemExit, match="unknown variant"):
             bench.variant_options(bad)
 

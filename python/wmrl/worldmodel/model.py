@@ -98,7 +98,7 @@ class Upsample2x(nn.Module):
     reduction) where the interpolation's backward is a scatter with atomic adds, ~3% of a
     compiled training step on an H100. Laid out NHWC, the layout the compiled U-Net runs in."""
 
-    fold_backward = True  # a runtime kernel choice (``FrameWorldModel.use_fast_kernels``)
+    fold_backward = False  # a runtime kernel choice (``FrameWorldModel.use_fast_kernels``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fold_backward:
@@ -225,12 +225,12 @@ class FrameWorldModel(Pretrained, nn.Module):
                                           nn.Linear(h, cfg.proprio_dim))
 
     channels_last = False  # a runtime layout choice, not part of the saved config
-    fast_kernels = True  # runtime kernel choices of the same function (``use_fast_kernels``)
+    fast_kernels = False  # runtime kernel choices of the same function (``use_fast_kernels``)
 
     def use_fast_kernels(self, on: bool = True) -> "FrameWorldModel":
         """The refine head on tensor-core channel counts and the U-Net's upsampling with a
-        reduction for its gradient (on by default; off: the plain modules, for comparison in
-        ``bench/wm_throughput.py``). The parameters and results are the same up to rounding."""
+        reduction for its gradient (``WMTrainConfig.fast_kernels``; off: the plain modules).
+        The parameters and results are the same up to rounding."""
         self.fast_kernels = on
         for m in self.modules():
             if isinstance(m, Upsample2x):

@@ -174,11 +174,12 @@ def own_context(model, data, idx: torch.Tensor, batch: dict, fraction: float, vi
 
 def speed_up(objective: "Objective", t: WMTrainConfig) -> "Objective":
     """The training config's speed options, in place (parameter names, hence checkpoints and
-    exported weights, stay as they are): NHWC layout, cuDNN's algorithm search and
-    ``torch.compile`` of the loss."""
+    exported weights, stay as they are): NHWC layout, cuDNN's algorithm search, the model's
+    fast kernels and ``torch.compile`` of the loss."""
     import torch
 
     torch.backends.cudnn.benchmark = t.cudnn_benchmark  # set either way, as the layout option below
+    objective.model.use_fast_kernels(t.fast_kernels)
     if t.channels_last:
         objective.model.use_channels_last()
     if t.compile:
