@@ -573,7 +573,7 @@ class WMTrainConfig:
     # The refine head's convolutions on channel counts of tensor-core kernels (9 -> 16 in, 3 -> 8
     # out, the zeros cut off again) and the U-Net's upsampling written so that its gradient is a
     # reduction, not a scatter of atomic adds (``FrameWorldModel.use_fast_kernels``). Speed only,
-    # the same function (tested); a compiled H100 step spent ~20% of its time in the kernels these
+    # the same function (tested); a compiled H100 step spent ~18% of its time in the kernels these
     # replace at micro batch 4,096 (bench/RESULTS.md "Training MFU by micro batch"). Off until a
     # GPU shows the gain: bench/wm_throughput.py --variants compile+nhwc,compile+nhwc+fast
     fast_kernels: bool = False
