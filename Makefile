@@ -134,7 +134,8 @@ collect: setup
 # GRPO: TARGET=M (the step to train to), RESUME=N (continue step N's full state), ENV=sim|wm,
 # PAIR=dir (a model pair for ENV=wm; default RUN/model_pair; MIN_AGREEMENT=0 trains in one that
 # make wm-eval measured below grpo.min_agreement; REWARD_THRESHOLD=closed-loop: the threshold of
-# make wm-calibrate, or a number), FROM=run (take step 0 from that
+# make wm-calibrate, or a number; START_RECORDED_BY='*-T1': imagined starts only from episodes of a
+# policy whose id matches), FROM=run (take step 0 from that
 # run's newest supervised checkpoint). GPUS=0 picks the GPU; GPUS=0,1 runs one process per GPU
 # through torchrun: each rolls out its share of the groups, rank 0 updates (wmrl/rl/ranks.py).
 grpo: setup
@@ -143,7 +144,8 @@ grpo: setup
 		$(call opt,--resume,$(RESUME)) $(call opt,--env,$(ENV)) $(call opt,--pair,$(PAIR)) $(call opt,--from-run,$(FROM)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--tasks,$(TASKS)) \
 		$(call opt,--success-chunks,$(SUCCESS_CHUNKS)) $(call opt,--world-noise,$(WORLD_NOISE)) \
-		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(call opt,--reward-threshold,$(REWARD_THRESHOLD)) $(DRY)
+		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(call opt,--reward-threshold,$(REWARD_THRESHOLD)) \
+		$(if $(START_RECORDED_BY),--start-recorded-by '$(START_RECORDED_BY)') $(DRY)
 
 # The cycle (seed 000): collect -> manifest -> world models -> reward -> pair -> GRPO -> evaluation,
 # RUN/cycle.json records finished stages (a rerun skips them), RUN/report.html after each stage.

@@ -305,7 +305,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                           ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
                           ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
                           ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE"),
-                          ("--rollout-physics", "ROLLOUT_PHYSICS")):
+                          ("--rollout-physics", "ROLLOUT_PHYSICS"), ("--start-recorded-by", "START_RECORDED_BY")):
             if key in v:
                 args += [flag, v[key]]
         args += shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option

@@ -860,6 +860,13 @@ class GRPOConfig:
     # told the recorded successes from the failures better (balanced 0.69-0.70 -> 0.74;
     # bench/RESULTS.md, "256 groups a step in the one-step students")
     reward_threshold: str = "pair"
+    # In imagination (env=wm): start only from keyframes of episodes whose recording policy's id
+    # matches this pattern (shell-style; "*": all the pair's keyframes). The manifest names each
+    # episode's policy, e.g. "flow-policy@step4000-sde-K10-T1"; "*-T1" keeps the episodes recorded
+    # at the rollouts' own temperature. In an H100 pair the T = 3 episodes' keyframes, nearly half
+    # of a step's starts, gave the T = 1 policy 10-11% imagined success: their groups mostly all
+    # failed (bench/RESULTS.md, "256 groups a step in the one-step students")
+    start_recorded_by: str = "*"
     noise_level: float = 0.5  # flow-SDE noise level of the rollouts
     temperature: float = 1.0  # SDE temperature of the rollouts (evaluation keeps its own)
     lr: float = 5e-6  # the first step's; RLinf's for pi0 (with desired_kl > 0 the lr then follows the measured KL)
@@ -980,6 +987,9 @@ class GRPOConfig:
         if self.reward_threshold not in REWARD_THRESHOLDS and not 0 < _number(self.reward_threshold) < 1:
             raise ConfigError(f"grpo.reward_threshold={self.reward_threshold!r}: pair (the reward's own calibration), "
                               "closed-loop (PAIR/closed_loop.json, make wm-calibrate) or a probability in (0, 1)")
+        if not self.start_recorded_by or (self.start_recorded_by != "*" and self.env != "wm"):
+            raise ConfigError(f"grpo.start_recorded_by={self.start_recorded_by!r}: a pattern of the recording policy's "
+                              "id for imagined starts (env=wm), e.g. '*-T1'; '*' keeps every keyframe")
         if self.wm_batch < self.group_size:
             raise ConfigError(f"grpo.wm_batch={self.wm_batch}: rollouts imagined at once, at least one group "
                               f"(group_size={self.group_size}); 1024 default, fewer for less GPU memory")

@@ -646,6 +646,37 @@ def test_a_reward_threshold_set_for_grpo_replaces_the_calibrated_one(pair_run):
         GRPOConfig(reward_threshold=1.5)
 
 
+def test_starts_keep_only_the_keyframes_of_episodes_a_matching_policy_recorded(run_with_pair, tmp_path):
+    """GRPOConfig.start_recorded_by: with half the keyframes from T = 1 episodes and half from T = 3,
+    "*-T1" starts every group from a T = 1 one; a resume with another pattern, a pattern nothing
+    matches (its error names the policies that did record) and a pattern outside imagination are refused."""
+    from wmrl.layout import RunLayout
+    from wmrl.release.pair import PairError, load_pair
+    from wmrl.rl.envs import ImaginedEnv, Keyframes
+
+    pair = RunLayout(run_with_pair).model_pair
+    kf = Keyframes.of_pair(load_pair(pair))
+    for i, k in enumerate(kf.info["keyframes"]):
+        k["episode_policy"] = f"flow-policy@step10-sde-K10-T{1 if i % 2 else 3}"
+    odd = [i for i, k in enumerate(kf.info["keyframes"]) if i % 2 and k["task"] == 0]
+    assert odd and len(kf.info["keyframes"]) > len(odd)
+
+    def env(recorded_by: str, index_dir=tmp_path):
+        return ImaginedEnv(pair, tasks=(0,), groups=8, seed=0, max_chunks=1, image_size=64, chunk_size=8,
+                           index_dir=index_dir, keyframes=kf, recorded_by=recorded_by)
+
+    t1 = env("*-T1")
+    assert {s.keyframe for step in (1, 2, 3) for s in t1.starts(step)} <= set(odd)
+    assert t1.settings()["start_keyframes"] == len(odd) and t1.settings()["start_recorded_by"] == "*-T1"
+    assert len({s.keyframe for s in env("*", index_dir=None).starts(1)} - set(odd)) > 0  # '*': both kinds
+    with pytest.raises(PairError, match="another start_recorded_by"):
+        env("*")  # the run's keyframe index says "*-T1"
+    with pytest.raises(PairError, match=r"matching 'expert'.*T1', 'flow-policy@step10-sde-K10-T3'\]"):
+        env("expert", index_dir=None)
+    with pytest.raises(ConfigError, match="start_recorded_by"):
+        GRPOConfig(start_recorded_by="*-T1")  # env=sim: the simulator starts from random placements
+
+
 def test_the_pairs_agreement_is_told_as_the_share_of_the_simulators_signal_a_step_carries():
     """0.67 -> (2 x 0.67 - 1)^2 = 0.11 of a real rollout's signal: 64 groups carry ~7, and ~576 would
     match the 64 that made the simulator's first gains; a pair at chance carries none; unmeasured is said."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -250,7 +251,7 @@ class ImaginedEnv:
     def __init__(self, pair_dir: str | Path, *, tasks: tuple[int, ...], groups: int, seed: int, max_chunks: int,
                  image_size: int, chunk_size: int, index_dir: Path | None, device="cpu", bf16: bool = False,
                  keyframes: Keyframes | None = None, success_chunks: int = 1, world_noise: str = "rollout",
-                 min_agreement: float = 0.0, max_batch: int = 0, threshold: float = 0.0):
+                 min_agreement: float = 0.0, max_batch: int = 0, threshold: float = 0.0, recorded_by: str = "*"):
         """``keyframes``: where rollouts start (default: the pair's own); ``index_dir``: where the
         run's keyframe index is written once and checked on resume (None: not recorded);
         ``success_chunks``: chunks in a row at the reward's threshold that make a success;
@@ -259,7 +260,8 @@ class ImaginedEnv:
         ``min_agreement``: refuse a pair ``make wm-eval`` measured below it (``GRPOConfig.min_agreement``);
         ``max_batch``: at most this many rollouts imagined at once, whole groups (0: all; ``GRPOConfig.wm_batch``);
         ``threshold``: the reward probability that makes a success (0: the one calibrated with the
-        pair's reward; ``GRPOConfig.reward_threshold``)."""
+        pair's reward; ``GRPOConfig.reward_threshold``); ``recorded_by``: starts only from keyframes
+        of episodes whose recording policy's id matches this pattern (``GRPOConfig.start_recorded_by``)."""
         from wmrl.fileio import sha256_file, write_json
         from wmrl.release.pair import PairError, check_agreement, check_contract, load_pair
         from wmrl.worldmodel.imagine import Imagination
@@ -279,13 +281,7 @@ class ImaginedEnv:
             raise ValueError(f"world_noise={world_noise!r}: {' or '.join(WORLD_NOISE)}")
         self.world_noise = world_noise
         self.chunk_size, self.image_size = chunk_size, image_size
-        main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)
-        wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
-        self.world = Imagination(main, wrist)
-        self.reward = RewardModel.from_pretrained(pair.part("reward"), self.device)
-        self.calibrated_threshold = float(self.reward.threshold)
-        self.threshold = threshold or self.calibrated_threshold
-        keyframes = keyframes or Keyframes.of_pair(pair)
+        keyframes = keyframes or Keyframes.of_pair(pair)  # where rollouts start: checked before any weight loads
         kf, info = keyframes.tensors, keyframes.info
         self.keyframe_origin = keyframes.origin
         self.instructions = {int(t): s for t, s in info["instructions"].items()}
@@ -295,12 +291,26 @@ class ImaginedEnv:
         # the outcome and policy are None / "" in pairs packaged before they were indexed
         self.keyframe_sources = {name: (int(k["chunk"]), k.get("episode_success"), k.get("episode_policy") or "")
                                  for name, k in zip(self.keyframe_names, info["keyframes"])}
-        self.by_task = {t: [i for i, k in enumerate(info["keyframes"]) if k["task"] == t] for t in tasks}
+        self.recorded_by = recorded_by
+        kept = [i for i, name in enumerate(self.keyframe_names) if fnmatchcase(self.keyframe_sources[name][2], recorded_by)]
+        self.by_task = {t: [i for i in kept if self.keyframe_tasks[i] == t] for t in tasks}
         missing = [t for t, ids in self.by_task.items() if not ids]
+        if missing and recorded_by != "*":
+            policies = sorted({self.keyframe_sources[self.keyframe_names[i]][2] or "(not named)"
+                               for i, t in enumerate(self.keyframe_tasks) if t in missing})
+            raise PairError(f"no keyframe of task(s) {missing} in {pair.root} comes from an episode recorded by a policy "
+                            f"matching {recorded_by!r}; theirs were recorded by {policies}: give a pattern that matches "
+                            "one of them (grpo.start_recorded_by), or '*'")
         if missing:
             raise PairError(f"{keyframes.origin} ({pair.root}) include no keyframe of task(s) {missing}: collect "
                             f"trajectories of those tasks into the manifest, or use --tasks "
                             f"{','.join(map(str, info['per_task']))}")
+        main = FrameWorldModel.from_pretrained(pair.part("main"), self.device)
+        wrist = FrameWorldModel.from_pretrained(pair.part("wrist"), self.device)
+        self.world = Imagination(main, wrist)
+        self.reward = RewardModel.from_pretrained(pair.part("reward"), self.device)
+        self.calibrated_threshold = float(self.reward.threshold)
+        self.threshold = threshold or self.calibrated_threshold
         self.frames = {"main": kf["main"].to(self.device), "wrist": kf["wrist"].to(self.device)}  # (N, C, H, W, 3)
         self.proprio = kf["proprio"].to(self.device).float()
         history = max(main.cfg.action_history, wrist.cfg.action_history)
@@ -314,13 +324,16 @@ class ImaginedEnv:
         # the run's keyframe index: written once per pair, checked (never reselected) on resume
         index = {"pair": str(pair.root), "pair_json_sha256": sha256_file(pair.root / "pair.json"),
                  "keyframes": info["keyframes"], "rule": "group g of step s starts from keyframe "
-                 "by_task[task][derived_seed(seed, s, g) % len(by_task[task])]", "seed": seed}
+                 "by_task[task][derived_seed(seed, s, g) % len(by_task[task])]", "seed": seed,
+                 "recorded_by": recorded_by}
         self.index_path = index_dir / f"keyframes-{index['pair_json_sha256'][:12]}.json"
         if self.index_path.exists():
             old = json.loads(self.index_path.read_text())
-            if old.get("keyframes") != index["keyframes"] or old.get("seed") != seed:
-                raise PairError(f"{self.index_path} indexes other keyframes or another seed than this run's pair: "
-                                "GRPO never reselects keyframes on resume; use the pair and seed the run began with")
+            if old.get("keyframes") != index["keyframes"] or old.get("seed") != seed or \
+                    old.get("recorded_by", "*") != recorded_by:
+                raise PairError(f"{self.index_path} indexes other keyframes, another seed or another start_recorded_by "
+                                f"({old.get('recorded_by', '*')!r}) than this run's: GRPO never reselects keyframes on "
+                                "resume; use the pair, seed and start_recorded_by the run began with")
         else:
             write_json(self.index_path, index)
 
@@ -406,7 +419,9 @@ class ImaginedEnv:
                 "agreement": None if self.agreement is None else {
                     k: self.agreement.get(k) for k in ("balanced_accuracy", "balanced_accuracy_95", "episodes")},
                 "keyframe_index": str(self.index_path),
-                "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)"}
+                "start_states": f"{self.keyframe_origin} (keyframe-initialised rollouts)",
+                "start_recorded_by": self.recorded_by,
+                "start_keyframes": sum(len(ids) for ids in self.by_task.values())}
 
     def diagnostics(self, outcomes: list[Outcome]) -> dict:
         """The closed-loop check of the pair, read off a step's own rollouts: those that start

@@ -722,7 +722,8 @@ def main(job: GRPOJob) -> dict:
                        max_chunks=cfg.max_chunks, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size,
                        index_dir=layout.grpo if main_rank else None, device=device, bf16=cfg.bf16,
                        success_chunks=cfg.success_chunks, world_noise=cfg.world_noise,
-                       min_agreement=cfg.min_agreement, max_batch=cfg.wm_batch, threshold=threshold))
+                       min_agreement=cfg.min_agreement, max_batch=cfg.wm_batch, threshold=threshold,
+                       recorded_by=cfg.start_recorded_by))
     if cfg.env == "wm":
         say(pair_signal_text(env.pair.root, env.agreement, cfg.groups))
     layout.grpo.mkdir(parents=True, exist_ok=True)
