@@ -64,7 +64,7 @@ returns only a few files).
                                imagined frames against the real ones, bench/action_gap.py; after wm: unpack+wm+gap+grpo)
     python3 bench/gpu.py calibrate RUN=runs/h200 [PAIR=runs/h200/model_pair_students CALIBRATE_POLICY=sft/4000@T=1
                                TRIALS=8]   (the reward's threshold closed loop, make wm-calibrate; then GRPO with
-                               GRPO_ARGS="--reward-threshold closed-loop": unpack+wm+distill+calibrate+grpo ...)
+                               THRESHOLDS=closed-loop: unpack+wm+distill+calibrate+grpo ...)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -527,8 +527,8 @@ def phase_gap(v: dict, env: dict) -> None:
 def phase_calibrate(v: dict, env: dict) -> None:
     """The reward's threshold calibrated closed loop (make wm-calibrate) for PAIR (default RUN's
     pair; after distill: PAIR=RUN/model_pair_students), by the policy that recorded the held-out
-    episodes (CALIBRATE_POLICY, default sft/4000@T=1); GRPO then takes GRPO_ARGS="--reward-threshold
-    closed-loop". Its closed_loop.json comes back in OUT."""
+    episodes (CALIBRATE_POLICY, default sft/4000@T=1); GRPO then takes THRESHOLDS=closed-loop (or
+    "pair closed-loop": both side by side). Its closed_loop.json comes back in OUT."""
     run = v.get("RUN", "runs/h200")
     pair = v.get("PAIR", f"{run}/model_pair")
     stage("wm_calibrate", "wm_calibrate.py", ["--run", run, "--pair", pair, "--policy",

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from wmrl.release.pair import CLOSED_LOOP_FILE  # noqa: F401  (the file this module writes and GRPO reads)
+
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 ONE_OUTCOME = ("the held-out episodes all had the same outcome: closed-loop calibration needs successes and "
                "failures (collect more episodes, then make manifest again)")
