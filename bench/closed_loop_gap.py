@@ -38,7 +38,7 @@ def run_rollouts(run: Path, steps: set[int] | None) -> tuple[list[dict], float |
     recording policy, keyframe chunk, recorded and imagined success, reward peak; and the
     threshold the run's rewards were decided at."""
     from wmrl.layout import RunLayout
-    from wmrl.rl.envs import group_tasks, keyframe_choice
+    from wmrl.rl.envs import group_tasks, keyframe_choice, start_keyframes
 
     layout = RunLayout(run)
     index_files = sorted(layout.grpo.glob("keyframes-*.json"))
@@ -47,8 +47,8 @@ def run_rollouts(run: Path, steps: set[int] | None) -> tuple[list[dict], float |
                  "(python/grpo.py --env wm) that used one pair")
     index = json.loads(index_files[0].read_text())
     keyframes, seed = index["keyframes"], int(index["seed"])
-    tasks = sorted({k["task"] for k in keyframes})
-    by_task = {t: [i for i, k in enumerate(keyframes) if k["task"] == t] for t in tasks}
+    # the starts' candidates: a run with grpo.start_recorded_by kept only some policies' keyframes
+    by_task = start_keyframes(keyframes, sorted({int(k["task"]) for k in keyframes}), index.get("recorded_by", "*"))
     step_tasks = {}
     for line in layout.log("grpo").read_text().splitlines():  # the tasks of the run (a step's record)
         rec = json.loads(line)

@@ -61,7 +61,8 @@ def main(args) -> int:
         cli.print_plan("closed-loop threshold", {
             "pair": args.pair, "manifest": args.manifest, "policy": f"{args.spec.name} -> {args.spec.checkpoint}",
             "imagined": f"{args.trials} rollouts per held-out keyframe it recorded (chunks 0..{args.max_chunk}, "
-                        f"{args.keyframes_per_task} per task), each to the last chunk", "out": args.out})
+                        f"{args.keyframes_per_task} per task), each to the last chunk; the controls hold and random "
+                        "from the same keyframes", "out": args.out})
         return 0
     from wmrl.evaluation.closed_loop import calibrate
     from wmrl.fileio import write_json
@@ -77,6 +78,10 @@ def main(args) -> int:
     for row in result["by_task"]:
         print(f"[wm-calibrate] task {row['task']} at {result['threshold']:.2f}: imagined "
               f"{100 * row['imagined_success']:.0f}%, recorded {100 * row['recorded_success']:.0f}% ({row['rollouts']} rollouts)")
+    for name, ctl in result["controls"].items():
+        print(f"[wm-calibrate] control {name}: imagined {100 * ctl['at_threshold']:.0f}% at {result['threshold']:.2f}, "
+              f"{100 * ctl['at_calibrated']:.0f}% at {result['calibrated_threshold']:.2f} ({ctl['rollouts']} rollouts; "
+              "in the simulator ~0%)")
     best, old = result["at_threshold"], result["at_calibrated"]
     print(f"[wm-calibrate] threshold {result['threshold']:.2f} (open-loop calibration {result['calibrated_threshold']:.2f}): "
           f"balanced {best['balanced_accuracy']:.3f} vs {old['balanced_accuracy'] or 0:.3f}, imagined success "

@@ -53,6 +53,11 @@ def test_calibration_by_the_policy_that_recorded_the_held_out_episodes(sft_run, 
     assert out["at_threshold"]["rollouts"] == 2 * out["keyframes"]["count"]
     [task0] = out["by_task"]  # the tiny pair's one task: the whole sweep's row at the chosen threshold
     assert task0["task"] == 0 and task0["imagined_success"] == out["at_threshold"]["imagined_success"]
+    for name in ("hold", "random"):  # the controls from the same keyframes, at both thresholds
+        ctl = out["controls"][name]
+        assert ctl["rollouts"] == out["at_threshold"]["rollouts"] and 0 <= ctl["at_threshold"] <= 1
+        lower, higher = sorted([(out["threshold"], ctl["at_threshold"]), (0.5, ctl["at_calibrated"])])
+        assert lower[1] >= higher[1]  # a lower bar lets every success through that a higher one does
 
     cli = subprocess.run([sys.executable, "python/wm_calibrate.py", "--run", str(run), "--policy", "sft/10@T=1",
                           "--trials", "2", "--max-chunk", "2", "--device", "cpu"], capture_output=True, text=True,
@@ -60,6 +65,7 @@ def test_calibration_by_the_policy_that_recorded_the_held_out_episodes(sft_run, 
     assert cli.returncode == 0, cli.stderr[-2000:]
     written = json.loads((pair / closed_loop.CLOSED_LOOP_FILE).read_text())
     assert written["threshold"] in closed_loop.GRID + (0.5,) and f"threshold {written['threshold']:.2f}" in cli.stdout
+    assert "control hold: imagined" in cli.stdout and set(written["controls"]) == {"hold", "random"}
     write_json(pair / closed_loop.CLOSED_LOOP_FILE, out)
     assert closed_loop.grpo_threshold("closed-loop", pair, 1) == out["threshold"]
     assert closed_loop.grpo_threshold("pair", pair, 1) == 0.0 and closed_loop.grpo_threshold("0.3", pair, 1) == 0.3

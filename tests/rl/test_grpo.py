@@ -652,7 +652,7 @@ def test_starts_keep_only_the_keyframes_of_episodes_a_matching_policy_recorded(r
     matches (its error names the policies that did record) and a pattern outside imagination are refused."""
     from wmrl.layout import RunLayout
     from wmrl.release.pair import PairError, load_pair
-    from wmrl.rl.envs import ImaginedEnv, Keyframes
+    from wmrl.rl.envs import ImaginedEnv, Keyframes, start_keyframes
 
     pair = RunLayout(run_with_pair).model_pair
     kf = Keyframes.of_pair(load_pair(pair))
@@ -668,6 +668,9 @@ def test_starts_keep_only_the_keyframes_of_episodes_a_matching_policy_recorded(r
     t1 = env("*-T1")
     assert {s.keyframe for step in (1, 2, 3) for s in t1.starts(step)} <= set(odd)
     assert t1.settings()["start_keyframes"] == len(odd) and t1.settings()["start_recorded_by"] == "*-T1"
+    # the rule as the run's keyframe index records it (bench/closed_loop_gap.py replays the starts with it)
+    index = json.loads(next(tmp_path.glob("keyframes-*.json")).read_text())
+    assert start_keyframes(index["keyframes"], (0,), index["recorded_by"]) == {0: odd} == t1.by_task
     assert len({s.keyframe for s in env("*", index_dir=None).starts(1)} - set(odd)) > 0  # '*': both kinds
     with pytest.raises(PairError, match="another start_recorded_by"):
         env("*")  # the run's keyframe index says "*-T1"

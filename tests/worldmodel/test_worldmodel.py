@@ -170,7 +170,8 @@ def test_speed_options_change_neither_results_nor_parameter_names(trajectories):
                                                              compile_nhwc=True, fast_kernels=True))
         assert inductor.force_layout_optimization  # compile_nhwc: inductor's own NHWC choice, forced on
         assert model.channels_last and list(objective.model.state_dict()) == keys
-        assert model.fast_kernels and not FrameWorldModel(cfg).fast_kernels  # off unless asked (unmeasured on a GPU)
+        assert model.fast_kernels and not FrameWorldModel(cfg).fast_kernels  # off unless asked
+        assert get_profile("default").wm.train.fast_kernels and not TINY.train.fast_kernels  # the GPU's profile asks
         nhwc, _ = model.generate(b["frames"], b["actions"], b["proprio"], generator=torch.Generator().manual_seed(0))
         torch.testing.assert_close(nhwc, eager, atol=1e-4, rtol=1e-4)
         assert all(p.is_contiguous() for p in model.parameters())  # DeepSpeed views parameters as flat bytes

@@ -12,6 +12,11 @@ accuracy, BA: an imagined rollout carries about (2 BA - 1)^2 of a real one's pol
 signal, bench/grpo_snr.py, so the best BA is the most signal per rollout; the recorded outcome is
 one draw of the policy from that start, so no threshold reaches 1). ``make wm-calibrate``
 writes it to PAIR/closed_loop.json; ``make grpo ... REWARD_THRESHOLD=closed-loop`` uses it.
+
+A lower threshold also lets more of what never succeeds through: the two controls (``hold``,
+``random``) act from the same keyframes, and their imagined success at the chosen and at the
+open-loop threshold is recorded beside the policy's (an H100 pair's students chose 0.10 where
+replays said 0.40; bench/RESULTS.md "GRPO in the one-step students with the closed-loop threshold").
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def calibrate(pair: Path, manifest: Path, spec, *, trials: int, max_chunk: int, 
     keyframes of the held-out episodes that this very policy recorded, ``trials`` rollouts each,
     every one imagined to the end; the sweep over ``GRID`` (and the calibrated threshold) and the best."""
     from wmrl.device import pick_device
-    from wmrl.evaluation.ranking import held_out_env, imagined_success
+    from wmrl.evaluation.ranking import CONTROLS, ControlPolicy, held_out_env, imagined_success
     from wmrl.fileio import sha256_file
     from wmrl.policy.runner import PolicyRunner
     from wmrl.rl.envs import first_success
@@ -94,12 +99,23 @@ def calibrate(pair: Path, manifest: Path, spec, *, trials: int, max_chunk: int, 
         rs = [r for r in rows if r["task"] == task]
         by_task.append({"task": task, "rollouts": len(rs), "imagined_success": sum(map(hit, rs)) / len(rs),
                         "recorded_success": sum(r["recorded"] for r in rs) / len(rs)})
+    # the controls from the same keyframes, judged at both thresholds: a threshold low enough to
+    # let a still arm or random actions succeed would reward GRPO for what never succeeds for real
+    controls = {}
+    for name in CONTROLS:
+        ctl = imagined_success(env, ControlPolicy(name, env.chunk_size, contract["action_dim"], seed=seed), trials,
+                               traces=True)
+        traces = ctl["traces"]
+        controls[name] = {"rollouts": len(traces), **{
+            key: sum(first_success(t, th, success_chunks) is not None for t in traces) / len(traces)
+            for key, th in (("at_threshold", best["threshold"]), ("at_calibrated", calibrated))}}
     return {"pair": str(pair), "pair_json_sha256": sha256_file(Path(pair) / "pair.json"), "manifest": str(manifest),
             "policy": spec.name, "policy_id": runner.policy_id, "keyframes": keyframes, "trials_per_keyframe": trials,
             "max_chunk": max_chunk, "success_chunks": success_chunks, "seed": seed,
             "threshold": best["threshold"], "calibrated_threshold": calibrated,
             "at_threshold": best, "at_calibrated": next(r for r in sweep if r["threshold"] == round(calibrated, 4)),
-            "sweep": sweep, "by_task": by_task, "seconds": round(time.perf_counter() - t0, 2), "device": str(dev)}
+            "sweep": sweep, "by_task": by_task, "controls": controls, "seconds": round(time.perf_counter() - t0, 2),
+            "device": str(dev)}
 
 
 def grpo_threshold(setting: str, pair: Path, success_chunks: int) -> float:

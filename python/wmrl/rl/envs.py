@@ -126,6 +126,14 @@ def keyframe_choice(seed: int, step: int, group: int, count: int) -> int:
     return derived_seed(seed, step, group, 0x4B46) % count
 
 
+def start_keyframes(keyframes: list[dict], tasks, recorded_by: str = "*") -> dict[int, list[int]]:
+    """Per task, the indexes of the keyframes its groups may start from: those of episodes whose
+    recording policy's id matches ``recorded_by`` (``GRPOConfig.start_recorded_by``). The rule
+    the keyframe index records; bench/closed_loop_gap.py replays it from a run's logs."""
+    kept = [i for i, k in enumerate(keyframes) if fnmatchcase(k.get("episode_policy") or "", recorded_by)]
+    return {t: [i for i in kept if int(keyframes[i]["task"]) == t] for t in tasks}
+
+
 def group_tasks(tasks: tuple[int, ...], step: int, groups: int) -> list[int]:
     """Tasks of this step's groups: a window of ``groups`` tasks that slides by one task per
     step, so every task comes ``groups`` times in any ``len(tasks)`` consecutive steps, and
@@ -292,8 +300,7 @@ class ImaginedEnv:
         self.keyframe_sources = {name: (int(k["chunk"]), k.get("episode_success"), k.get("episode_policy") or "")
                                  for name, k in zip(self.keyframe_names, info["keyframes"])}
         self.recorded_by = recorded_by
-        kept = [i for i, name in enumerate(self.keyframe_names) if fnmatchcase(self.keyframe_sources[name][2], recorded_by)]
-        self.by_task = {t: [i for i in kept if self.keyframe_tasks[i] == t] for t in tasks}
+        self.by_task = start_keyframes(info["keyframes"], tasks, recorded_by)
         missing = [t for t, ids in self.by_task.items() if not ids]
         if missing and recorded_by != "*":
             policies = sorted({self.keyframe_sources[self.keyframe_names[i]][2] or "(not named)"
