@@ -172,7 +172,8 @@ cycle: setup
 		$(call opt,--wm-steps,$(STEPS)) $(call opt,--max-minutes,$(MAX_MINUTES)) $(call opt,--gpus,$(GPUS)) \
 		$(call opt,--seed,$(SEED)) $(call opt,--workers,$(WORKERS)) $(call opt,--success-chunks,$(SUCCESS_CHUNKS)) \
 		$(call opt,--min-agreement,$(MIN_AGREEMENT)) $(if $(call yes,$(STUDENTS)),--students) \
-		$(if $(call yes,$(CLOSED_LOOP)),--closed-loop-threshold) --train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
+		$(if $(call yes,$(CLOSED_LOOP)),--closed-loop-threshold) $(if $(call yes,$(OWN_STARTS)),--own-starts) \
+		--train-py "$(TRAIN_PY)" --wm-py "$(WM_PY)" $(DRY)
 
 # Release: RUN as a bundle (seed 000's layout, MANIFEST.json with every SHA-256); DATA=0 leaves
 # the trajectories out. Restore: verify (resumable), relocate paths, unpack the source.

@@ -473,6 +473,33 @@ def test_a_closed_loop_threshold_is_calibrated_in_grpos_pair_before_grpo(tmp_pat
         main(job(run2))
 
 
+def test_own_starts_give_grpo_the_collecting_policys_episodes_at_its_temperature(tmp_path, calls, monkeypatch):
+    """cycle.own_starts (OWN_STARTS=1): GRPO's starts are the keyframes of episodes that the policy
+    it trains recorded at the collection's first temperature (its policy id as a pattern, the
+    extra temperature's episodes left out); kept by an unfinished cycle like the other settings."""
+    from fnmatch import fnmatchcase
+
+    own = dataclasses.replace(get_config("cycle_tiny"), own_starts=True)
+    run = new_run(tmp_path)
+    c = {(s["cycle"], s["stage"]): s["command"] for s in plan(job(run, cfg=own, cycles=2))}
+    assert "--start-recorded-by 'flow-policy@step10-*-T1'" in c[1, "grpo"]  # cycle 1 collects with sft/10
+    assert "--start-recorded-by 'flow-policy@step2-*-T1'" in c[2, "grpo"]  # cycle 2 with GRPO's step 2
+    pattern = "flow-policy@step10-*-T1"
+    assert fnmatchcase("flow-policy@step10-sde-K10-T1", pattern)
+    assert not any(fnmatchcase(other, pattern) for other in (
+        "flow-policy@step10-sde-K10-T3", "flow-policy@step100-sde-K10-T1", "flow-policy@step10-sde-K10-T1.6", "expert"))
+    assert "--start-recorded-by" not in {s["stage"]: s["command"] for s in plan(job(new_run(tmp_path, "plain")))}["grpo"]
+
+    run2 = new_run(tmp_path, "run2")  # killed in grpo, rerun without OWN_STARTS=1: refused
+    monkeypatch.setenv("FAKE_FAIL", "grpo")
+    with pytest.raises(CycleError):
+        main(job(run2, cfg=own))
+    monkeypatch.delenv("FAKE_FAIL")
+    assert load_state(run2)["cycles"]["1"]["own_starts"] is True
+    with pytest.raises(CycleError, match="began with GRPO's starts from the collecting policy's own episodes"):
+        main(job(run2))
+
+
 def test_the_orchestrator_asks_the_agreement_gate_without_torch(tmp_path):
     """make cycle runs under the system's python3, which has no torch: the cycle and GRPO's
     agreement gate it asks (refusal text included) must not import it."""

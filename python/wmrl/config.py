@@ -1066,8 +1066,16 @@ class CycleConfig:
     # collected this cycle's data acting in GRPO's pair from the held-out keyframes it recorded) and
     # let GRPO decide imagined success with it (--reward-threshold closed-loop). In an H100 pair's
     # students a third to a half of the gap between imagined and recorded success was the replay-
-    # calibrated threshold (bench/RESULTS.md, twentieth session); GRPO with it is not yet measured.
+    # calibrated threshold (bench/RESULTS.md, twentieth session). With own_starts, on an H100 the
+    # policy's imagined success came within 4-12 points of its recorded one (20-28% vs 56-60%
+    # before), GRPO raised it 7-13 points in six steps, and the real simulator did not follow
+    # (-3.4 +- 3.5; bench/RESULTS.md, twenty-second session): off until a gain is measured.
     closed_loop_threshold: bool = False
+    # GRPO starts only from keyframes of this cycle's episodes collected by the policy it trains, at
+    # GRPO's own temperature (grpo.start_recorded_by; the collection's extra temperatures' episodes,
+    # mostly failures with the arm in odd places, still train the world models). Measured with the
+    # closed-loop threshold above: see there.
+    own_starts: bool = False
 
     def __post_init__(self) -> None:
         if self.success_chunks < 1:

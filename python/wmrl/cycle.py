@@ -18,6 +18,8 @@ One cycle n (its data and world models in ``RUN/cycles/cycle_n/``; the policy st
     distill, reward_students, package_students, wm_eval_students
                the pair's one-step students, their own reward, their pair and its wm_eval
                                                                      -> cycle_n/model_pair_students/
+    (``cycle.own_starts``, OWN_STARTS=1: GRPO starts only from keyframes of this cycle's episodes
+    that the policy it trains recorded at the collection's first temperature)
     (``cycle.closed_loop_threshold``, CLOSED_LOOP=1)
     calibrate  the reward's threshold closed loop in GRPO's pair, by the policy that collected
                (make wm-calibrate); GRPO decides success with it      -> PAIR/closed_loop.json
@@ -61,7 +63,8 @@ STAGES = ("collect", "manifest", "evaluate_start", "wm_update", "reward", "packa
 STUDENT_STAGES = ("distill", "reward_students", "package_students", "wm_eval_students")  # after wm_eval (students)
 # settings a cycle keeps from its start to its end: (record key and cycle.<name>, how a person names it)
 KEPT_SETTINGS = (("students", "the world models' students (STUDENTS={})"),
-                 ("closed_loop_threshold", "the reward's threshold calibrated closed loop (CLOSED_LOOP={})"))
+                 ("closed_loop_threshold", "the reward's threshold calibrated closed loop (CLOSED_LOOP={})"),
+                 ("own_starts", "GRPO's starts from the collecting policy's own episodes (OWN_STARTS={})"))
 
 
 class CycleError(ConfigError):
@@ -163,6 +166,7 @@ def begin_cycle(job: CycleJob, state: dict, n: int, planning: bool = False) -> d
     rec = {"dir": str(cycle_dir(job.run, n)), "policy_in": policy, "grpo_from": start,
            "grpo_to": start + job.cfg.grpo_steps, "collect_seed": get_profile(job.profile).collect.seed + n,
            "students": job.cfg.students, "closed_loop_threshold": job.cfg.closed_loop_threshold,
+           "own_starts": job.cfg.own_starts,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": {}}
     state["cycles"][key] = rec
     return rec
@@ -265,7 +269,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             *(("--success-chunks", str(job.cfg.success_chunks)) if job.cfg.success_chunks != 1 else ()),
             # as for success_chunks: a flag only where the cycle's floor is not the profile's GRPO floor
             *(("--min-agreement", str(job.cfg.min_agreement)) if job.cfg.min_agreement != grpo.min_agreement else ()),
-            *(("--reward-threshold", "closed-loop") if rec.get("closed_loop_threshold") else ())),
+            *(("--reward-threshold", "closed-loop") if rec.get("closed_loop_threshold") else ()),
+            *(("--start-recorded-by", own_starts_pattern(job, rec)) if rec.get("own_starts") else ())),
             (layout.checkpoint(target),), gpu=True, needs=("evaluate_start",)),
         Stage("evaluate", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", str(target), "--no-progress",
@@ -291,6 +296,16 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "--policy", calibrated, "--success-chunks", str(job.cfg.success_chunks), "--seed", str(job.seed),
             "--overwrite"), (pair / CLOSED_LOOP_FILE,), gpu=True, verify=False))
     return stages
+
+
+def own_starts_pattern(job: CycleJob, rec: dict) -> str:
+    """``grpo.start_recorded_by`` for the episodes this cycle's policy collected at the collection's
+    first temperature (GRPO's rollouts sample at 1, as that collection does by default): the
+    policy id ``wmrl.policy.runner.PolicyRunner`` records, its step taken from the checkpoint's
+    name (``sft/N`` or a GRPO step), e.g. ``flow-policy@step4000-*-T1``."""
+    collect = get_profile(job.profile).collect
+    step = rec["policy_in"].rpartition("/")[2]
+    return f"flow-policy@step{step}-*" + (f"-T{collect.temperature:g}" if collect.sampler == "sde" else "")
 
 
 def per_gpu(job: CycleJob) -> list[str]:
