@@ -19,6 +19,8 @@ returns only a few files).
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
+                               BASELINE=bench/baselines/sft4000_run12_ode_10x50.json (ENV=wm: imagined vs real
+                               change by task, bench/grpo_transfer.py, against the starting policy's evaluation)
                                PACK_BACK=1: each seed's newest weights into BENCH_OUT as a delta against POLICY_PACK;
                                unpack one later with POLICY_PACK=<delta> POLICY_BASE=<the full pack>;
                                PACK_BACK=state: the newest full state, portable (no Adam moments), in parts;
@@ -322,6 +324,10 @@ def phase_grpo(v: dict, env: dict) -> None:
     if v.get("ENV") == "wm":  # imagined beside recorded success by start keyframe (the rollouts log outgrows the pack)
         stage(f"closed_loop_gap{v.get('TAG', '')}", "bench/closed_loop_gap.py",
               [*(root / n for n in names), "--json", OUT / f"closed_loop_gap{v.get('TAG', '')}.json"], env)
+        if "BASELINE" in v:  # BASELINE=bench/baselines/sft4000_run12_ode_10x50.json: imagined vs real change by task
+            stage(f"grpo_transfer{v.get('TAG', '')}", "bench/grpo_transfer.py",
+                  [*(root / n for n in names), "--baseline", v["BASELINE"], "--json",
+                   OUT / f"grpo_transfer{v.get('TAG', '')}.json"], env)
     pack(root, "grpo" + v.get("TAG", ""))
     if v.get("PACK_BACK") in ("1", "state"):
         pack_back(root, seeds, v, env)

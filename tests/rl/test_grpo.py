@@ -414,6 +414,18 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert lower["imagined_success"] >= at_own["imagined_success"]  # a lower bar: every success stays one
     [task0] = bench.task_rows(rollouts, [own])  # one task in the tiny pair
     assert task0["task"] == 0 and task0["rollouts"] == 16 and task0["imagined_at"] == [at_own["imagined_success"]]
+    # bench/grpo_transfer.py: imagined change of the first / last steps beside the real one, by task
+    spec = importlib.util.spec_from_file_location("grpo_transfer", Path(__file__).parents[2] / "bench/grpo_transfer.py")
+    transfer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transfer)
+    evaluations = run_with_pair / "evidence/evaluations"
+    moved = transfer.transfer([run_with_pair], evaluations / "global_step_1.json", first=1, last=2)
+    [t0] = moved["tasks"]
+    wins = lambda steps: sum(o["success"] for r in rolls if r["step"] in steps for o in r["outcomes"])  # noqa: E731
+    assert t0["imagined_first"] == wins({1}) / 4 and t0["imagined_last"] == wins({3, 4}) / 8
+    assert moved["runs"][0]["evaluation"].endswith("global_step_4.json")
+    assert t0["real_after"] == ev["summary"]["per_task"]["0"]["successes"] / ev["summary"]["per_task"]["0"]["trials"]
+    assert moved["spearman_of_changes"] is None  # one task: no order to compare
     # stopped in its final evaluation (the state is saved before it): the rerun evaluates, trains nothing
     final = run_with_pair / "evidence/evaluations/global_step_4.json"
     final.unlink()
