@@ -50,8 +50,8 @@ def split(folders: list[Path], out: Path, part_mib: float = 13, per_set: int = 4
     parts, whole = [], hashlib.sha256()
     with tempfile.TemporaryFile() as tmp:  # the tar once, then cut: its size is known before any part is named
         with tarfile.open(fileobj=tmp, mode="w") as tar:
-            for f in folders:
-                tar.add(f, arcname=f.name)
+            for f in folders:  # the real-vs-imagined videos stay behind: GRPO never reads them (MBs each)
+                tar.add(f, arcname=f.name, filter=lambda ti: None if ti.name.split("/")[1:2] == ["videos"] else ti)
         tmp.seek(0)
         while chunk := tmp.read(size):
             name = f"pair.{len(parts):03d}"

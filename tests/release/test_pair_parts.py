@@ -22,7 +22,8 @@ def fake_pair(root: Path, name: str) -> Path:
     """The shapes of a pair folder (the tool moves bytes; the pair's own checks run when it loads)."""
     pair = root / name
     for rel, data in {"pair.json": b'{"models": {}}', "main/model.safetensors": os.urandom(700_000),
-                      "wrist/model.safetensors": os.urandom(600_000), "closed_loop.json": b"{}"}.items():
+                      "wrist/model.safetensors": os.urandom(600_000), "closed_loop.json": b"{}",
+                      "videos/episode_00_real_vs_imagined.gif": os.urandom(300_000)}.items():
         (pair / rel).parent.mkdir(parents=True, exist_ok=True)
         (pair / rel).write_bytes(data)
     return pair
@@ -48,8 +49,9 @@ def test_a_pair_split_into_sets_joins_back_byte_for_byte_and_refuses_what_is_mis
     assert [p.name for p in joined] == ["model_pair", "model_pair_students"]
     for pair in pairs:
         for f in pair.rglob("*"):
-            if f.is_file():
+            if f.is_file() and f.parent.name != "videos":
                 assert (tmp_path / "run2" / pair.name / f.relative_to(pair)).read_bytes() == f.read_bytes()
+        assert not (tmp_path / "run2" / pair.name / "videos").exists()  # the videos stayed behind
     assert not list((tmp_path / "run2").glob(".pair_parts.*"))  # the staging folder is gone
     with pytest.raises(SystemExit, match="exists: remove it first"):
         tool.join([brought], tmp_path / "run2")
