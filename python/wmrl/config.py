@@ -574,9 +574,10 @@ class WMTrainConfig:
     # out, the zeros cut off again) and the U-Net's upsampling written so that its gradient is a
     # reduction, not a scatter of atomic adds (``FrameWorldModel.use_fast_kernels``). Speed only,
     # the same function (tested); a compiled H100 step spent ~18% of its time in the kernels these
-    # replace at micro batch 4,096 (bench/RESULTS.md "Training MFU by micro batch"). Measured there
-    # under compile+NHWC (H100, micro batch 4,096): 8,871 -> 9,264 samples/s, MFU 27.6% -> 28.8%,
-    # the scatter and the padding kernels gone from the profile. On in the GPU's ("default")
+    # replace at micro batch 4,096 (bench/RESULTS.md "Training MFU by micro batch"). Measured under
+    # compile+NHWC (H100, micro batch 4,096): 8,871 -> 9,264 samples/s, MFU 27.6% -> 28.8%, the
+    # scatter and the padding kernels gone from the profile (bench/RESULTS.md "The fast kernels on
+    # an H100"). On in the GPU's ("default")
     # profile; off here because eager on a CPU the zero channels are only more work
     fast_kernels: bool = False
     # torch.compile's mode for the loss. "reduce-overhead" replays the update's kernels as CUDA
