@@ -457,10 +457,12 @@ def test_a_closed_loop_threshold_is_calibrated_in_grpos_pair_before_grpo(tmp_pat
     row = {"imagined_success": 0.4, "recorded_success": 0.6, "balanced_accuracy": 0.74}
     cal.write_text(json.dumps({**json.loads(cal.read_text()), "calibrated_threshold": 0.74, "at_threshold": row,
                                "at_calibrated": {**row, "imagined_success": 0.28, "balanced_accuracy": 0.7},
-                               "by_task": [{"task": 4, "imagined_success": 0.03, "recorded_success": 0.68}]}))
+                               "by_task": [{"task": 4, "imagined_success": 0.03, "recorded_success": 0.68}],
+                               "controls": {"hold": {"rollouts": 8, "at_threshold": 0.125, "at_calibrated": 0.0}}}))
     md = write_report(run)[1].read_text()
     assert "| 0.3 (chosen) | 40.0% | 60.0% | 0.74 |" in md and "| 0.74 (replays) | 28.0% | 60.0% | 0.7 |" in md
     assert "| task 4 at the chosen one | 3.0% | 68.0% |" in md
+    assert "| control hold at the chosen one (replays' 0.0%) | 12.5% | 0% (simulator) |" in md
 
     run2 = new_run(tmp_path, "run2")  # killed in calibrate, rerun without CLOSED_LOOP=1: refused
     os.environ["FAKE_FAIL"] = "wm_calibrate"

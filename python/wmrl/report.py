@@ -218,7 +218,10 @@ def world_models(pair: Path, run: Path) -> list[Block]:
                      [f"{d.get('calibrated_threshold')} (replays)", _pct(old.get("imagined_success")),
                       _pct(old.get("recorded_success")), old.get("balanced_accuracy", "-")]] +
                     [[f"task {t['task']} at the chosen one", _pct(t["imagined_success"]), _pct(t["recorded_success"]), ""]
-                     for t in d.get("by_task", [])]))
+                     for t in d.get("by_task", [])] +
+                    # a still arm and random actions never succeed in the simulator: what they reach here is false
+                    [[f"control {name} at the chosen one (replays' {_pct(c['at_calibrated'])})", _pct(c["at_threshold"]),
+                      "0% (simulator)", ""] for name, c in d.get("controls", {}).items()]))
     return out
 
 
