@@ -71,6 +71,13 @@ def test_calibration_by_the_policy_that_recorded_the_held_out_episodes(sft_run, 
     assert closed_loop.grpo_threshold("pair", pair, 1) == 0.0 and closed_loop.grpo_threshold("0.3", pair, 1) == 0.3
     with pytest.raises(PairError, match="success_chunks=1"):
         closed_loop.grpo_threshold("closed-loop", pair, 2)
+    # GRPO's gate: a control that succeeds too often at the chosen threshold refuses it, only with the gate on
+    write_json(pair / closed_loop.CLOSED_LOOP_FILE, {**out, "controls": {
+        "hold": {"rollouts": 40, "at_threshold": 1.0, "at_calibrated": 0.0}}})
+    with pytest.raises(PairError, match=r"40 of 40 rollouts of the control 'hold'.*closed_loop.json, at its threshold"):
+        closed_loop.grpo_threshold("closed-loop", pair, 1, min_agreement=0.6)
+    assert closed_loop.grpo_threshold("closed-loop", pair, 1, min_agreement=0.0) == out["threshold"]
+    write_json(pair / closed_loop.CLOSED_LOOP_FILE, out)
     write_json(pair / closed_loop.CLOSED_LOOP_FILE, {**out, "pair_json_sha256": "0" * 64})
     with pytest.raises(PairError, match="another pair.json"):
         closed_loop.grpo_threshold("closed-loop", pair, 1)

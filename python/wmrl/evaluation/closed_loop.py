@@ -118,14 +118,16 @@ def calibrate(pair: Path, manifest: Path, spec, *, trials: int, max_chunk: int, 
             "device": str(dev)}
 
 
-def grpo_threshold(setting: str, pair: Path, success_chunks: int) -> float:
+def grpo_threshold(setting: str, pair: Path, success_chunks: int, min_agreement: float = 0.0) -> float:
     """``GRPOConfig.reward_threshold`` for the env: 0.0 (the pair's own), the number, or the
     closed-loop calibration of this very pair.json (refused in one line where there is none, or
-    one made for another pair or another success rule)."""
+    one made for another pair or another success rule, or, with ``min_agreement`` (GRPO's gate),
+    where a control succeeds too often at that threshold: ``check_controls``' rule, which wm-eval's
+    figures pass at the replay threshold only)."""
     import json
 
     from wmrl.fileio import sha256_file
-    from wmrl.release.pair import PairError
+    from wmrl.release.pair import ModelPair, PairError, check_controls
 
     if setting == "pair":
         return 0.0
@@ -141,4 +143,9 @@ def grpo_threshold(setting: str, pair: Path, success_chunks: int) -> float:
     if cal.get("success_chunks") != success_chunks:
         raise PairError(f"{path} was calibrated for success_chunks={cal.get('success_chunks')}, GRPO asks "
                         f"{success_chunks}: make wm-calibrate ... SUCCESS_CHUNKS={success_chunks} OVERWRITE=1")
+    if min_agreement > 0:  # (files written before the controls were rolled have none to check)
+        counts = {name: {"rollouts": c["rollouts"], "successes": round(c["at_threshold"] * c["rollouts"])}
+                  for name, c in (cal.get("controls") or {}).items()}
+        check_controls(ModelPair(Path(pair), {}), counts, min_agreement,
+                       source=f"{CLOSED_LOOP_FILE}, at its threshold {cal['threshold']}")
     return float(cal["threshold"])

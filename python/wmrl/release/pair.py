@@ -307,7 +307,7 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
     return agreement
 
 
-def check_controls(pair: ModelPair, controls: dict, floor: float) -> None:
+def check_controls(pair: ModelPair, controls: dict, floor: float, source: str = FIDELITY_FILE) -> None:
     """Refuse a pair that imagines success for a control (``hold``: zero actions, ``random``:
     uniform ones; both fail in the simulator). Their imagined successes are false alarms, and the
     balanced accuracy (TPR + TNR) / 2 reaches ``floor`` only with TNR >= 2 x floor - 1 even where
@@ -320,7 +320,7 @@ def check_controls(pair: ModelPair, controls: dict, floor: float) -> None:
             raise PairError(
                 f"the model pair {pair.root} imagines success for {hits} of {n} rollouts of the control {name!r} "
                 f"({'zero actions' if name == 'hold' else 'random actions'}, which fail in the simulator; "
-                f"{FIDELITY_FILE}): GRPO in it would reward that. Its agreement cannot reach "
+                f"{source}): GRPO in it would reward that. Its agreement cannot reach "
                 f"grpo.min_agreement={floor} while more than {2 - 2 * floor:.0%} of them succeed. Train its world models "
                 f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
                 "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")

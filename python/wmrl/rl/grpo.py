@@ -139,8 +139,8 @@ def plan(job: GRPOJob) -> dict:
 
         p = load_pair(job.pair or RunLayout(job.run).model_pair)  # hashes checked
         check_contract(p, image_size=job.sim.image_size, chunk_size=job.sim.chunk_size)
-        pair = {"folder": str(p.root), "reward_threshold": grpo_threshold(job.cfg.reward_threshold, p.root,
-                                                                          job.cfg.success_chunks) or "the pair's own"}
+        pair = {"folder": str(p.root), "reward_threshold": grpo_threshold(
+            job.cfg.reward_threshold, p.root, job.cfg.success_chunks, job.cfg.min_agreement) or "the pair's own"}
     start = info.step if kind == "resume" else 0
     evals = [s for s in range(start + 1, job.target + 1) if s % job.cfg.eval_interval == 0 or s == job.target]
     return {"run": str(job.run), "env": job.cfg.env, "pair": pair,
@@ -662,7 +662,8 @@ def main(job: GRPOJob) -> dict:
 
         check_contract(load_pair(job.pair or layout.model_pair), image_size=job.sim.image_size,
                        chunk_size=job.sim.chunk_size)
-        threshold = grpo_threshold(cfg.reward_threshold, job.pair or layout.model_pair, cfg.success_chunks)
+        threshold = grpo_threshold(cfg.reward_threshold, job.pair or layout.model_pair, cfg.success_chunks,
+                                   cfg.min_agreement)
     rank, world = ranks.world()
     device = pick_device(job.device, ranks.local_rank())
     ranks.init(device)  # several processes (torchrun): rank 0 learns, every rank rolls out its share
