@@ -9,6 +9,7 @@ FAKE_FAIL=<script stem> exits 1 in that stage; FAKE_HANG=<stem> sleeps there (to
 FAKE_SLOW=<stem>[:seconds],... takes that long (3 s) and appends "<stem>-end" when done;
 FAKE_AGREEMENT=<x> makes wm_eval measure the pair's agreement with the simulator at x (0.75),
 FAKE_AGREEMENT_STUDENTS=<x> the students' pair's (default: FAKE_AGREEMENT's);
+FAKE_CONTROL_HOLD=<x> makes wm_calibrate imagine the control hold succeeding at x of 40 rollouts (0);
 every call is appended to FAKE_CALLS (one line: the script's stem)."""
 
 import hashlib
@@ -73,8 +74,11 @@ def main(argv):
     elif script == "wm_calibrate":  # bound to the pair.json it calibrated, as the real one
         pair = Path(flag(args, "--pair"))
         pair_sha = hashlib.sha256((pair / "pair.json").read_bytes()).hexdigest()
-        (pair / "closed_loop.json").write_text(json.dumps({"pair_json_sha256": pair_sha, "threshold": 0.3,
-                                                           "policy": flag(args, "--policy")}))
+        hold = float(os.environ.get("FAKE_CONTROL_HOLD", "0"))
+        (pair / "closed_loop.json").write_text(json.dumps({
+            "pair_json_sha256": pair_sha, "threshold": 0.3, "policy": flag(args, "--policy"),
+            "success_chunks": int(flag(args, "--success-chunks", "1")),
+            "controls": {"hold": {"rollouts": 40, "at_threshold": hold, "at_calibrated": 0.0}}}))
     elif script == "evaluate" and flag(args, "--ckpt").startswith("sft/"):  # the supervised policy a cycle starts from
         ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)

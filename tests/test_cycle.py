@@ -36,6 +36,7 @@ def calls(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("FAKE_SLOW", raising=False)
     monkeypatch.delenv("FAKE_AGREEMENT", raising=False)
     monkeypatch.delenv("FAKE_AGREEMENT_STUDENTS", raising=False)
+    monkeypatch.delenv("FAKE_CONTROL_HOLD", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi unless a test puts one there
     return path
 
@@ -464,6 +465,15 @@ def test_a_closed_loop_threshold_is_calibrated_in_grpos_pair_before_grpo(tmp_pat
     assert "| task 4 at the chosen one | 3.0% | 68.0% |" in md
     assert "| control hold at the chosen one (replays' 0.0%) | 12.5% | 0% (simulator) |" in md
 
+    held = new_run(tmp_path, "held")  # at the chosen threshold a still arm succeeds: GRPO's gate skips GRPO
+    os.environ["FAKE_CONTROL_HOLD"] = "1.0"
+    try:
+        main(job(held, cfg=dataclasses.replace(closed, min_agreement=0.6)))  # the tiny cycle's gate is off
+    finally:
+        del os.environ["FAKE_CONTROL_HOLD"]
+    skipped = load_state(held)["cycles"]["1"]["grpo_skipped"]
+    assert "40 of 40 rollouts of the control 'hold'" in skipped and "closed_loop.json, at its threshold 0.3" in skipped
+
     run2 = new_run(tmp_path, "run2")  # killed in calibrate, rerun without CLOSED_LOOP=1: refused
     os.environ["FAKE_FAIL"] = "wm_calibrate"
     try:
@@ -512,15 +522,19 @@ def test_the_orchestrator_asks_the_agreement_gate_without_torch(tmp_path):
 
     (pair / "fidelity.json").write_text(json.dumps({"pair_json_sha256": sha256_file(pair / "pair.json"), "agreement": {
         "balanced_accuracy": 0.5, "balanced_accuracy_95": [0.5, 0.5], "episodes": 16}}))
+    (pair / "closed_loop.json").write_text(json.dumps({"pair_json_sha256": sha256_file(pair / "pair.json"),
+                                                       "threshold": 0.1, "success_chunks": 1}))
     code = ("import sys; from pathlib import Path; import wmrl.cycle\n"
             "from wmrl.release.pair import ModelPair, PairError, check_agreement\n"
+            "from wmrl.evaluation.closed_loop import grpo_threshold\n"
+            f"print('closed loop:', grpo_threshold('closed-loop', Path({str(pair)!r}), 1, 0.6))\n"
             f"try: check_agreement(ModelPair(Path({str(pair)!r}), {{}}), 0.6)\n"
             "except PairError as e: print('refused:', e)\n"
             "print('torch imported:', 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "python")})
     assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "0.00 of the simulator's signal" in r.stdout
+    assert "refused:" in r.stdout and "0.00 of the simulator's signal" in r.stdout and "closed loop: 0.1" in r.stdout
     assert "torch imported: False" in r.stdout
 
 

@@ -205,6 +205,10 @@ def pair_refused(job: CycleJob, rec: dict) -> str | None:
         return None
     try:  # only the pair's folder is read (its fidelity.json and pair.json); GRPO verifies the rest
         check_agreement(ModelPair(grpo_pair(rec), {}), job.cfg.min_agreement)
+        if rec.get("closed_loop_threshold"):  # and the controls at the threshold the calibrate stage chose
+            from wmrl.evaluation.closed_loop import grpo_threshold
+
+            grpo_threshold("closed-loop", grpo_pair(rec), job.cfg.success_chunks, job.cfg.min_agreement)
     except PairError as e:
         return str(e)
     return None
