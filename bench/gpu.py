@@ -498,8 +498,9 @@ def phase_distill(v: dict, env: dict) -> None:
 def phase_wmspeed(v: dict, env: dict) -> None:
     """What each world-model training speed option buys (bench/wm_throughput.py --variants)
     at each micro batch, with a torch.profiler table per variant (OUT/wm_ops_<micro>_<variant>.txt, '+'
-    written '-': the lent machine returns only names of letters, digits, '.', '_' and '-'; the Chrome
-    traces stay in RUN/wm_trace_<micro>)."""
+    written '-': the lent machine returns only names of letters, digits, '.', '_' and '-') and its
+    convolutions by input shape (OUT/wm_convs_<micro>_<variant>.txt); the Chrome traces stay in
+    RUN/wm_trace_<micro>."""
     run = v.get("RUN", "runs/h200")
     for micro in v.get("MICROS", "16,64").split(","):
         trace = Path(run) / f"wm_trace_{micro}"
@@ -508,6 +509,8 @@ def phase_wmspeed(v: dict, env: dict) -> None:
                micro, "--skip-imagination", "--trace", trace, "--json", OUT / f"wm_speed_{micro}.json"], env)
         for table in sorted(trace.glob("*/top_ops.txt")):
             shutil.copy(table, OUT / f"wm_ops_{micro}_{table.parent.name.replace('+', '-')}.txt")
+        for table in sorted(trace.glob("*/conv_shapes.txt")):  # the convolutions by input shape
+            shutil.copy(table, OUT / f"wm_convs_{micro}_{table.parent.name.replace('+', '-')}.txt")
 
 
 def phase_rank(v: dict, env: dict) -> None:

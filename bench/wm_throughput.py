@@ -147,20 +147,27 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
 
 def profile_updates(update, device, folder: Path, updates: int = 3) -> dict:
     """torch.profiler over a few updates: the operators that take the time (a table a person
-    reads, sorted by device time on a GPU) and a Chrome trace (chrome://tracing, Perfetto)."""
+    reads, sorted by device time on a GPU), the convolutions by input shape (which of them a
+    kernel that runs once per update belongs to: the trace's shapes without its 100+ MB), and a
+    Chrome trace (chrome://tracing, Perfetto)."""
+    from torch.autograd.profiler_util import EventList
     from torch.profiler import ProfilerActivity, profile
 
     folder.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, record_shapes=False) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(updates):
             update()
         _sync(device)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=30)
     (folder / "top_ops.txt").write_text(table)
+    convs = EventList([e for e in prof.key_averages(group_by_input_shape=True)
+                       if e.key in ("aten::convolution", "aten::convolution_backward")])
+    (folder / "conv_shapes.txt").write_text(convs.table(sort_by=sort, row_limit=60, max_shapes_column_width=120))
     prof.export_chrome_trace(str(folder / "trace.json"))
-    return {"top_ops": str(folder / "top_ops.txt"), "chrome_trace": str(folder / "trace.json"), "updates": updates}
+    return {"top_ops": str(folder / "top_ops.txt"), "conv_shapes": str(folder / "conv_shapes.txt"),
+            "chrome_trace": str(folder / "trace.json"), "updates": updates}
 
 
 def bench_imagination(prof, args, device) -> dict:

@@ -237,6 +237,23 @@ def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
         torch.backends.cudnn.benchmark = False
 
 
+def test_the_speed_benchs_profile_names_each_convolution_by_its_input_shape(tmp_path):
+    """bench/wm_throughput.py's profile: the operator table, and the convolutions (forward and
+    backward) grouped by input shape, so a kernel that runs once per update can be told apart."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wm_throughput", REPO / "bench" / "wm_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    conv = torch.nn.Conv2d(9, 16, 3, padding=1)
+    x = torch.randn(2, 9, 12, 12)
+    out = bench.profile_updates(lambda: conv(x).sum().backward(), torch.device("cpu"), tmp_path / "t", updates=2)
+    shapes = Path(out["conv_shapes"]).read_text()
+    assert "aten::convolution " in shapes and "aten::convolution_backward" in shapes
+    assert "[2, 9, 12, 12]" in shapes and "[16, 9, 3, 3]" in shapes  # the input and weight shapes
+    assert "aten::sum" not in shapes and "aten::sum" in Path(out["top_ops"]).read_text()
+
+
 def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
     """``compile_mode`` (CUDA graphs, autotuning) is refused with the choices when unknown;
     bench/wm_throughput.py's variants map onto the training fields and refuse compile's options
