@@ -494,9 +494,9 @@ def test_own_starts_give_grpo_the_collecting_policys_episodes_at_its_temperature
     own = dataclasses.replace(get_config("cycle_tiny"), own_starts=True)
     run = new_run(tmp_path)
     c = {(s["cycle"], s["stage"]): s["command"] for s in plan(job(run, cfg=own, cycles=2))}
-    assert "--start-recorded-by 'flow-policy@step10-*-T1'" in c[1, "grpo"]  # cycle 1 collects with sft/10
-    assert "--start-recorded-by 'flow-policy@step2-*-T1'" in c[2, "grpo"]  # cycle 2 with GRPO's step 2
-    pattern = "flow-policy@step10-*-T1"
+    assert "--start-recorded-by 'flow-policy@step10-sde-K*-T1'" in c[1, "grpo"]  # cycle 1 collects with sft/10
+    assert "--start-recorded-by 'flow-policy@step2-sde-K*-T1'" in c[2, "grpo"]  # cycle 2 with GRPO's step 2
+    pattern = "flow-policy@step10-sde-K*-T1"
     assert fnmatchcase("flow-policy@step10-sde-K10-T1", pattern)
     assert not any(fnmatchcase(other, pattern) for other in (
         "flow-policy@step10-sde-K10-T3", "flow-policy@step100-sde-K10-T1", "flow-policy@step10-sde-K10-T1.6", "expert"))

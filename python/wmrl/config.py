@@ -233,6 +233,15 @@ class PolicyConfig:
             raise ConfigError(f"policy.gripper_deadband={self.gripper_deadband}: use a value in 0..1 (0.5 default, 0 off)")
 
 
+def policy_id(step: int | str, sampler: str, denoise_steps: int | str, temperature: float | None) -> str:
+    """The id a policy writes into every episode it records and every evaluation it makes
+    (``PolicyRunner.policy_id``, e.g. ``flow-policy@step4000-sde-K10-T1``): its checkpoint step,
+    sampler, denoising steps and, for the flow-SDE, temperature. With ``"*"`` for a part it is a
+    shell pattern over such ids (``GRPOConfig.start_recorded_by``)."""
+    temp = f"-T{temperature:g}" if sampler == "sde" else ""
+    return f"flow-policy@step{step}-{sampler}-K{denoise_steps}{temp}"
+
+
 @dataclass(frozen=True)
 class SFTConfig:
     """Supervised flow-matching training on demonstrations (``python/sft.py``)."""

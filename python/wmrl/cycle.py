@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wmrl.config import ConfigError, CycleConfig, get_profile
+from wmrl.config import ConfigError, CycleConfig, get_profile, policy_id
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
@@ -305,11 +305,10 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
 def own_starts_pattern(job: CycleJob, rec: dict) -> str:
     """``grpo.start_recorded_by`` for the episodes this cycle's policy collected at the collection's
     first temperature (GRPO's rollouts sample at 1, as that collection does by default): the
-    policy id ``wmrl.policy.runner.PolicyRunner`` records, its step taken from the checkpoint's
-    name (``sft/N`` or a GRPO step), e.g. ``flow-policy@step4000-*-T1``."""
+    policy id it recorded (``wmrl.config.policy_id``), its step taken from the checkpoint's name
+    (``sft/N`` or a GRPO step), any number of denoising steps, e.g. ``flow-policy@step4000-sde-K*-T1``."""
     collect = get_profile(job.profile).collect
-    step = rec["policy_in"].rpartition("/")[2]
-    return f"flow-policy@step{step}-*" + (f"-T{collect.temperature:g}" if collect.sampler == "sde" else "")
+    return policy_id(rec["policy_in"].rpartition("/")[2], collect.sampler, "*", collect.temperature)
 
 
 def per_gpu(job: CycleJob) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.config import ConfigError, override
+from wmrl.config import ConfigError, override, policy_id
 from wmrl.device import pick_device
 from wmrl.fileio import sha256_file
 from wmrl.policy.checkpoint import MODEL_FILE, load_checkpoint
@@ -78,8 +78,7 @@ class PolicyRunner:
         self.seed = int(seed)
         self.model_sha256 = model_sha256
         c = self.cfg
-        temp = f"-T{c.temperature_eval:g}" if c.eval_sampler == "sde" else ""
-        self.policy_id = f"flow-policy@step{self.step}-{c.eval_sampler}-K{c.denoise_steps}{temp}"
+        self.policy_id = policy_id(self.step, c.eval_sampler, c.denoise_steps, c.temperature_eval)
 
     def settings(self) -> dict:
         """Everything that changes the actions: recorded with every evaluation result."""

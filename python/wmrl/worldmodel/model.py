@@ -77,10 +77,11 @@ class FourierFeatures(nn.Module):
 
 def tensor_core_conv(x: torch.Tensor, conv: nn.Conv2d, multiple: int = 8) -> torch.Tensor:
     """``conv(x)`` with its input and output channels zero-padded to a multiple of ``multiple``
-    and the padding cut off again: the same result (zero channels add nothing) from cuDNN's
-    tensor-core kernels, which want channels in multiples of 8. The refine head's 9 -> 32 -> 3
-    convolutions run at full resolution, where the generic kernels cuDNN falls back to for odd
-    channel counts took a large share of a compiled training step on an H100 (bench/RESULTS.md)."""
+    and the padding cut off again: the same result (zero channels add nothing) on the channel
+    counts cuDNN's tensor-core kernels want. For the refine head's 9 -> 32 -> 3 convolutions at
+    full resolution cuDNN otherwise pads them itself, with copies of the activations at every
+    update (2.2% of a compiled H100 step at micro batch 4,096; bench/RESULTS.md "The fast kernels
+    on an H100")."""
     pad_in, pad_out = -conv.in_channels % multiple, -conv.out_channels % multiple
     w, b = conv.weight, conv.bias
     if pad_in:
