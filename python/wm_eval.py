@@ -61,7 +61,8 @@ def main(args) -> int:
     from wmrl.fileio import sha256_file, write_json
     from wmrl.release.pair import load_pair
     from wmrl.worldmodel.data import held_out_halves, load_split
-    from wmrl.worldmodel.fidelity import action_response, episode_agreement, metrics, open_loop, reward_traces, write_videos
+    from wmrl.worldmodel.fidelity import (action_response, episode_agreement, metrics, open_loop, peak_ranking,
+                                          reward_traces, write_videos)
     from wmrl.worldmodel.model import FrameWorldModel
     from wmrl.worldmodel.reward import RewardModel
 
@@ -92,6 +93,9 @@ def main(args) -> int:
               "reward_traces": reward_traces(roll, reward),
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
+    # threshold-free: does the reward rank the imagined successes above the failures at all (AUC),
+    # and what would the best threshold on these episodes reach (the calibrated one's cost)
+    result["reward_ranking"] = {f: peak_ranking(result["reward_traces"], f) for f in ("imagined", "real")}
     if args.control_trials:
         from wmrl.evaluation.ranking import control_false_alarms
 
@@ -100,8 +104,8 @@ def main(args) -> int:
                                                   bf16=device.type == "cuda")
     result["videos"] = write_videos(roll, pair.root / "videos", args.videos)
     write_json(pair.root / FIDELITY_FILE, result)
-    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "action_response",
-                                             "controls")
+    print(json.dumps({k: result[k] for k in ("horizons", "reward", "agreement", "agreement_on_real_frames", "reward_ranking",
+                                             "action_response", "controls")
                       if k in result},
                      indent=1))
     eef = {h: r for h, r in result["horizons"].items() if "eef_error_mm" in r}

@@ -70,7 +70,9 @@ def main(argv):
         pair_sha = hashlib.sha256((pair / "pair.json").read_bytes()).hexdigest()
         (pair / "fidelity.json").write_text(json.dumps({"episodes": 2, "pair_json_sha256": pair_sha,
             "agreement": {"balanced_accuracy": agreement, "balanced_accuracy_95": [agreement, agreement], "episodes": 2},
-            "agreement_on_real_frames": {"balanced_accuracy": 0.875}}))
+            "agreement_on_real_frames": {"balanced_accuracy": 0.875},
+            "reward_ranking": {"imagined": {"auc": 0.8125, "best_balanced_accuracy": 0.8, "best_threshold": 0.41},
+                               "real": None}}))
     elif script == "wm_calibrate":  # bound to the pair.json it calibrated, as the real one
         pair = Path(flag(args, "--pair"))
         pair_sha = hashlib.sha256((pair / "pair.json").read_bytes()).hexdigest()

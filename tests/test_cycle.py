@@ -238,6 +238,7 @@ def test_report_is_self_contained_and_its_twin_links_existing_files(tmp_path):
         assert raw[:8] == b"\x89PNG\r\n\x1a\n" or raw[4:8] == b"ftyp" or raw[:3] == b"GIF"
     assert "Cycle 1: policy sft/10 -&gt; GRPO step 2" in page and "0.75" in page  # stages and the pair's agreement
     assert "reading the real frames (its ceiling)" in page and "0.875" in page  # ... and the reward's own ceiling
+    assert "0.8125 (0.8 at 0.41)" in page  # ... and its ranking of the imagined episodes, whatever the threshold
     md = (run / "report.md").read_text()
     for link in [part.split(")")[0] for part in md.split("](")[1:]]:
         assert (run / link).exists(), link
@@ -581,7 +582,8 @@ def test_the_report_tables_grpo_steps_at_most_forty_rows_the_last_kept(tmp_path)
 
 
 def test_an_agreement_reads_with_its_interval_where_one_was_drawn():
-    from wmrl.report import agreement_text
+    from wmrl.report import agreement_text, ranking_text
 
     assert agreement_text({"balanced_accuracy": 0.875, "balanced_accuracy_95": [0.75, 1.0]}) == "0.875 (95%: 0.75-1.0)"
     assert agreement_text({"balanced_accuracy": 0.5, "balanced_accuracy_95": None}) == "0.5"
+    assert ranking_text({"imagined": None, "real": None}) == ranking_text({}) == "-"  # one outcome: nothing ranked

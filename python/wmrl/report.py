@@ -153,6 +153,12 @@ def agreement_text(a: dict) -> str:
     return f"{a['balanced_accuracy']}" + (" (95%: {}-{})".format(*ci) if ci else "")
 
 
+def ranking_text(r: dict) -> str:
+    """``wm-eval``'s ``reward_ranking`` of the imagined episodes: AUC, then the best threshold's score."""
+    i = r.get("imagined")
+    return f"{i['auc']} ({i['best_balanced_accuracy']} at {i['best_threshold']})" if i else "-"
+
+
 def world_models(pair: Path, run: Path) -> list[Block]:
     f = pair / FIDELITY_FILE
     if not f.exists():
@@ -166,6 +172,8 @@ def world_models(pair: Path, run: Path) -> list[Block]:
         ["episode agreement with the simulator (balanced accuracy; target 0.85)",
          agreement_text(a) if "balanced_accuracy" in a else "-"],
         ["the same reward reading the real frames (its ceiling)", ceiling.get("balanced_accuracy", "-")],
+        ["the reward's ranking of the imagined episodes, whatever the threshold (AUC; the best threshold's "
+         "balanced accuracy on these episodes, optimistic)", ranking_text(d.get("reward_ranking") or {})],
         ["share of the simulator's GRPO signal per rollout, (2 x agreement - 1)^2", a.get("grpo_signal_share", "-")],
         ["real / imagined successes", f"{a.get('real_successes', '-')} / {a.get('imagined_successes', '-')}"],
         ["timing error (chunks)", a.get("timing_error_chunks", "-")],

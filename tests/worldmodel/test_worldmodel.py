@@ -959,6 +959,9 @@ def test_reward_model_pair_packaging_and_fidelity(updated_run):
     traces = fid["reward_traces"]  # per scored episode, the reward's probability at every chunk
     assert len(traces["imagined"]) == len(traces["real"]) == len(traces["outcome"]) == 1
     assert len(traces["imagined"][0]) == len(traces["labels"][0]) and traces["imagined"][0][0] is not None
+    # one scored episode has one outcome: nothing to rank (None), but both readings are there
+    assert set(fid["reward_ranking"]) == {"imagined", "real"}
+    assert all(r is None or 0 <= r["auc"] <= 1 for r in fid["reward_ranking"].values())
     for view in ("main", "wrist"):  # does each model read its actions? (None: one transition only)
         r = fid["action_response"][view]
         assert r is None or np.isfinite(r["psnr"]["gain_db"])
@@ -1163,6 +1166,43 @@ def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fa
     assert c["real_successes"] == 3 and c["successes_without_success_frame"] == 1
     assert c["confusion"]["only_real"] == 1 and abs(c["balanced_accuracy"] - (2 / 3 + 1) / 2) < 1e-4
     assert c["timing_error_chunks"] == 0.0  # timed only where a success frame exists
+
+
+def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path):
+    """Constructed traces with known answers: a reward whose peaks put every success above every
+    failure ranks perfectly (AUC 1) even where its calibrated threshold misjudges the episodes;
+    reversed peaks score AUC 0; the held chunks past an episode's end and its start are not
+    counted; with one outcome only there is nothing to rank. bench/reward_ranking.py prints the
+    same for a fidelity.json."""
+    import importlib.util
+
+    from wmrl.worldmodel.fidelity import episode_peaks_from_traces, peak_ranking
+
+    # per episode: the start (never judged), chunks within the episode, then held chunks (real None)
+    traces = {"imagined": [[0.99, 0.2, 0.7, 0.99], [0.99, 0.1, 0.4, 0.99], [0.0, 0.6, None, None], [0.0, 0.3, 0.35, None]],
+              "real": [[0.0, 0.0, 1.0, None], [0.0, 0.0, 0.0, None], [0.0, 1.0, None, None], [0.0, 0.0, 0.0, None]],
+              "outcome": [True, False, True, False]}
+    assert episode_peaks_from_traces(traces).tolist() == pytest.approx([0.7, 0.4, 0.6, 0.35])  # start and held left out
+    r = peak_ranking(traces)
+    assert r["auc"] == 1.0 and r["best_balanced_accuracy"] == 1.0 and 0.4 < r["best_threshold"] <= 0.6
+    assert r["episodes"] == 4 and r["real_successes"] == 2
+    assert peak_ranking({**traces, "outcome": [False, True, False, True]})["auc"] == 0.0
+    tie = {**traces, "imagined": [[0.0, 0.5], [0.0, 0.5], [0.0, 0.5], [0.0, 0.5]], "real": [[0.0, 0.0]] * 4}
+    assert peak_ranking(tie)["auc"] == 0.5  # no order at all: chance
+    assert peak_ranking({**traces, "outcome": [True] * 4}) is None
+    assert peak_ranking(traces, "real")["auc"] == 1.0
+
+    f = tmp_path / "model_pair" / "fidelity.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps({"agreement": {"episodes": 4, "real_successes": 2, "balanced_accuracy": 0.75},
+                             "reward_traces": traces}))
+    spec = importlib.util.spec_from_file_location("reward_ranking", Path(__file__).parents[2] / "bench/reward_ranking.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.row(f)[3:6] == ["0.75", "1.00", "1.00 at 0.51"]  # the middle of the tied 0.41-0.60
+    with pytest.raises(SystemExit, match="no reward_traces"):
+        f.write_text(json.dumps({"agreement": {}}))
+        bench.row(f)
 
 
 def test_simulator_outcomes_and_episode_peaks_use_the_recorded_verdict():

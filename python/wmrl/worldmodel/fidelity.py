@@ -258,6 +258,37 @@ def reward_traces(roll: dict, reward) -> dict:
     return out
 
 
+def episode_peaks_from_traces(traces: dict, frames: str = "imagined") -> torch.Tensor:
+    """Per episode of ``reward_traces``: the reward's highest probability over the chunks it judges
+    as ``episode_agreement`` does (after the start, within the episode; the held chunks past its
+    end not counted)."""
+    peaks = []
+    for seen, real in zip(traces[frames], traces["real"]):  # real None: past the episode's end
+        judged = [p for j, (p, r) in enumerate(zip(seen, real)) if j > 0 and p is not None and r is not None]
+        peaks.append(max(judged, default=0.0))
+    return torch.tensor(peaks)
+
+
+def peak_ranking(traces: dict, frames: str = "imagined") -> dict | None:
+    """Does the reward rank the simulator's successes above its failures, whatever its threshold?
+    From ``reward_traces``: the area under the ROC curve of each episode's peak probability
+    (1: every success above every failure; 0.5: chance), and the best balanced accuracy any one
+    threshold reaches on these same episodes, with that threshold. That best is optimistic (chosen
+    where it is scored); its gap to ``agreement`` is what the calibrated threshold costs, and the
+    AUC below ~0.85 says no threshold can reach issue 15's bar: the frames or the reward must
+    change. None unless both outcomes are among the episodes."""
+    from wmrl.worldmodel.reward import calibrate_episodes
+
+    peak, real = episode_peaks_from_traces(traces, frames), torch.tensor(traces["outcome"], dtype=torch.bool)
+    best = calibrate_episodes(peak, real)
+    if best is None:
+        return None
+    pos, neg = peak[real], peak[~real]
+    above = (pos[:, None] > neg[None, :]).float() + 0.5 * (pos[:, None] == neg[None, :]).float()
+    return {"episodes": len(peak), "real_successes": int(real.sum()), "auc": _round(float(above.mean())),
+            "best_balanced_accuracy": _round(best[1]), "best_threshold": round(best[0], 2)}
+
+
 @torch.no_grad()
 def action_response(model, episodes, seed: int = 0, device="cpu", bf16: bool = True, batch: int = 256
                     ) -> dict | None:

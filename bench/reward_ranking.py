@@ -1,0 +1,55 @@
+"""Is a pair's low agreement its reward's ranking or its threshold? One row per ``fidelity.json``.
+
+``make wm-eval`` scores episode agreement at the reward's calibrated threshold. This reads the
+reward traces the same evaluation stores (every held-out episode's reward probability per chunk)
+and asks, whatever the threshold: how well does each episode's peak probability rank the
+simulator's successes above its failures (AUC), and what would the best single threshold on these
+episodes reach (optimistic: chosen where it is scored)? An AUC well below 0.85 says no threshold
+can reach issue 15's bar; a best threshold far above the calibrated agreement says the calibration
+(a few dozen validation episodes) costs the rest. Works on any ``fidelity.json`` with
+``reward_traces``, older ones included:
+
+    python bench/reward_ranking.py runs/h200/model_pair/fidelity.json runs/h200/model_pair_students/fidelity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+
+def row(path: Path) -> list[str]:
+    from wmrl.worldmodel.fidelity import peak_ranking
+
+    d = json.loads(path.read_text())
+    if "reward_traces" not in d:
+        raise SystemExit(f"error: {path} has no reward_traces: run make wm-eval again with this kit's version")
+    a = d.get("agreement") or {}
+    cells = [str(path.parent), str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
+             str(a.get("balanced_accuracy", "-"))]
+    for frames in ("imagined", "real"):
+        r = peak_ranking(d["reward_traces"], frames)
+        cells += [f"{r['auc']:.2f}", f"{r['best_balanced_accuracy']:.2f} at {r['best_threshold']:.2f}"] if r else ["-", "-"]
+    return cells
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("fidelity", nargs="+", type=Path, help="fidelity.json files written by make wm-eval")
+    args = ap.parse_args(argv)
+    missing = [str(p) for p in args.fidelity if not p.is_file()]
+    if missing:
+        raise SystemExit(f"error: no such file: {', '.join(missing)} (make wm-eval writes PAIR/fidelity.json)")
+    head = ["pair", "episodes", "real successes", "agreement (calibrated threshold)", "AUC imagined",
+            "best threshold, imagined (optimistic)", "AUC real frames", "best threshold, real frames"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for p in args.fidelity:
+        print("| " + " | ".join(row(p)) + " |")
+
+
+if __name__ == "__main__":
+    main()
