@@ -1199,7 +1199,10 @@ def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path
     spec = importlib.util.spec_from_file_location("reward_ranking", Path(__file__).parents[2] / "bench/reward_ranking.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.row(f)[3:6] == ["0.75", "1.00", "1.00 at 0.51"]  # the middle of the tied 0.41-0.60
+    # the middle of the tied 0.41-0.60; a threshold calibrated on any half with both outcomes also
+    # separates the other half here (every success above every failure)
+    assert bench.row(f)[3:7] == ["0.75", "1.00", "1.00 at 0.51", "1.00"]
+    assert bench.split_half({**traces, "outcome": [False, True, False, True]}) < 0.5  # reversed: below chance
     with pytest.raises(SystemExit, match="no reward_traces"):
         f.write_text(json.dumps({"agreement": {}}))
         bench.row(f)
