@@ -233,6 +233,7 @@ offline-install:
 #        WRIST_WARP=0: the wrist model without its frame warped by the camera's motion (on by default)
 #        COMPILE=0: eager training (the default profile compiles the loss: ~45 s first, then 1.2x the samples/s)
 #   make wm-reward RUN=r [CONTROL_NEGATIVES=hold,random]  the frozen success classifier  RUN/worldmodels/reward/
+#        [GENERATED_SHARE=0.5 GENERATED_SAMPLES=2]  more of the pair's own frames in its training
 #        STUDENTS=1: trained on the one-step students' frames, for their pair  RUN/worldmodels/reward_students/
 #   make package RUN=r        RUN/model_pair/pair.json (hashes, lineage)
 #   make wm-eval RUN=r        PSNR/SSIM after 1/5/10/20 chunks, reward accuracy, videos  PAIR/fidelity.json
@@ -260,7 +261,8 @@ wm-update: setup
 
 wm-reward: setup
 	$(WM_PY) python/wm_reward.py --profile $(PROFILE) --run $(RUN) $(DRY) \
-		$(OVER) $(if $(CONTROL_NEGATIVES),--control-negatives $(CONTROL_NEGATIVES)) $(if $(call yes,$(STUDENTS)),--students)
+		$(OVER) $(if $(CONTROL_NEGATIVES),--control-negatives $(CONTROL_NEGATIVES)) $(if $(call yes,$(STUDENTS)),--students) \
+		$(if $(GENERATED_SHARE),--generated-share $(GENERATED_SHARE)) $(if $(GENERATED_SAMPLES),--generated-samples $(GENERATED_SAMPLES))
 
 package: setup
 	$(WM_PY) python/package_pair.py --profile $(PROFILE) --run $(RUN) $(call opt,--out,$(OUT)) $(DRY) \

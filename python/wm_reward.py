@@ -32,6 +32,12 @@ def build(argv: list[str] | None = None):
     p.add_argument("--control-negatives", metavar="NAMES",
                    help="hold,random (or one): the pair's rollouts under these controls join training as failures "
                         "(RewardConfig.control_negatives; 'none': off; default: the profile's)")
+    p.add_argument("--generated-share", type=float, metavar="F",
+                   help="the pair's frames' share of each batch's positives and negatives (RewardConfig.generated_share; "
+                        "default: the profile's, 0: every frame alike)")
+    p.add_argument("--generated-samples", type=int, metavar="K",
+                   help="open-loop replays of each training episode, each with its own noise "
+                        "(RewardConfig.generated_samples; default: the profile's, 1)")
     p.add_argument("--students", action="store_true",
                    help="train on the few-step students' frames (make wm-distill), for their pair: "
                         "RUN/worldmodels/reward_students")
@@ -60,6 +66,8 @@ def imagine(run: str, cfg, train, val, lineage: dict, students: bool = False) ->
         return None
     import time
 
+    import torch
+
     from wmrl.device import pick_device
     from wmrl.fileio import read_json
     from wmrl.worldmodel.model import FrameWorldModel
@@ -72,8 +80,12 @@ def imagine(run: str, cfg, train, val, lineage: dict, students: bool = False) ->
     t0 = time.perf_counter()
     out = {}
     for k, (name, eps) in enumerate((("train", train), ("val", val))):
-        out[name] = imagined_frames(main_m, wrist_m, eps, cfg.generated_horizon, views=cfg.views,
-                                    batch=cfg.generated_batch, seed=cfg.seed + k, device=device) if eps else no_frames()
+        # generated_samples replays of each training episode, each with its own noise (1,000 seeds
+        # apart: a replay's batches take seed + their offset); the validation episodes once
+        replays = [imagined_frames(main_m, wrist_m, eps, cfg.generated_horizon, views=cfg.views,
+                                   batch=cfg.generated_batch, seed=cfg.seed + k + 1000 * s, device=device)
+                   for s in range(cfg.generated_samples if name == "train" else 1)] if eps else [no_frames()]
+        out[name] = tuple(torch.cat(parts) for parts in zip(*replays))
     if cfg.control_negatives:  # known failures: the pair's drift under actions that cannot succeed
         out["controls"] = control_frames(main_m, wrist_m, train, cfg.generated_horizon, controls=cfg.control_negatives,
                                          views=cfg.views, batch=cfg.generated_batch, seed=cfg.seed, device=device)
@@ -87,7 +99,8 @@ def imagine(run: str, cfg, train, val, lineage: dict, students: bool = False) ->
 def main(args, manifest: Path) -> int:
     controls = None if args.control_negatives is None else tuple(
         c for c in args.control_negatives.split(",") if c and c != "none")
-    cfg = override(get_profile(args.profile).reward, steps=args.steps, control_negatives=controls)
+    cfg = override(get_profile(args.profile).reward, steps=args.steps, control_negatives=controls,
+                   generated_share=args.generated_share, generated_samples=args.generated_samples)
     out = RunLayout(args.run).student_reward if args.students else RunLayout(args.run).reward
     if args.dry_run:
         cli.print_plan("reward model", {"manifest": manifest, "config": cfg, "out": out})

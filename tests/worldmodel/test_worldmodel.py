@@ -913,8 +913,12 @@ def _py(script, *args, check=True):
 
 def test_reward_model_pair_packaging_and_fidelity(updated_run):
     run, _ = updated_run
-    _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress", "--control-negatives", "hold,random")
+    bad = _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--generated-share", "1.5", check=False)
+    assert bad.returncode == 2 and "generated_share=1.5" in bad.stderr and not (run / "worldmodels/reward").exists()
+    _py("wm_reward.py", "--profile", "tiny", "--run", str(run), "--no-progress", "--control-negatives", "hold,random",
+        "--generated-share", "0.5", "--generated-samples", "2")
     reward = json.loads((run / "worldmodels/reward/config.json").read_text())
+    assert reward["config"]["generated_share"] == 0.5 and reward["config"]["generated_samples"] == 2
     assert 0 < reward["threshold"] < 1 and reward["train_success_frames"] > 0
     # both controls imagined from every training episode's start, each frame a failure
     assert reward["config"]["control_negatives"] == ["hold", "random"] and reward["train_control_frames"] > 0
@@ -1096,6 +1100,44 @@ def test_static_baseline_is_the_start_frame_held():
     assert row["ssim_main"] == 1.0 and row["psnr_main"] > 90  # a perfect model
     assert row["psnr_main_static"] < 15 and row["ssim_wrist_static"] < 0.5  # unrelated noise frames
     assert row["eef_error_mm"] == 3.0 and row["eef_error_mm_static"] == 50.0
+
+
+def test_more_replays_and_a_generated_share_put_more_of_the_pair_s_frames_in_the_reward_s_batches(updated_run):
+    """RewardConfig.generated_samples: each training episode replayed K times, the first replay
+    the one a single replay gives (same noise), the others with their own; generated_share: that
+    share of each label's draws from the pair's frames, and at 0 the draws of before, bit for bit."""
+    import importlib.util
+
+    from wmrl.config import ConfigError, override
+    from wmrl.worldmodel.data import held_out_halves, load_split
+    from wmrl.worldmodel.reward import draw, real_and_generated
+
+    run, _ = updated_run
+    spec = importlib.util.spec_from_file_location("wm_reward", REPO / "python/wm_reward.py")
+    wm_reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wm_reward)
+    cfg = override(get_profile("tiny").reward, generated_horizon=3)
+    _, train, val = load_split(run / "manifest.json", TINY.main.chunk_size)
+    train, val = [e for e in train if e.phase == 0][:2], held_out_halves(val)[0]
+    once = wm_reward.imagine(str(run), cfg, train, val, {})
+    twice = wm_reward.imagine(str(run), override(cfg, generated_samples=2), train, val, {})
+    n = len(once["train"][0])
+    assert n > 0 and len(twice["train"][0]) == 2 * n and torch.equal(twice["train"][1][n:], once["train"][1])
+    assert torch.equal(twice["train"][0][:n], once["train"][0])  # the first replay: the same noise
+    assert not torch.equal(twice["train"][0][n:], once["train"][0])  # the second: its own
+    assert torch.equal(twice["val"][0], once["val"][0])  # the calibration's replays: once, as before
+
+    idx = torch.arange(10)  # frames 0-5 real, 6-9 the pair's
+    real, gen = real_and_generated(idx, 6)
+    assert real.tolist() == [0, 1, 2, 3, 4, 5] and gen.tolist() == [6, 7, 8, 9]
+    g0, g1 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert torch.equal(draw(idx, real, gen, 32, 0.0, g0), idx[torch.randint(10, (32,), generator=g1)])  # as before
+    half = draw(idx, real, gen, 32, 0.5, g0)
+    assert (half >= 6).sum() == 16 and (half < 6).sum() == 16
+    assert draw(real, real, idx[:0], 8, 0.5, g0).lt(6).all()  # no generated frames of this label: every frame alike
+    for bad in ({"generated_share": 1.0}, {"generated_share": -0.1}, {"generated_samples": 0}):
+        with pytest.raises(ConfigError, match="generated_"):
+            override(cfg, **bad)
 
 
 def test_episode_agreement_of_a_copying_pair_and_of_a_reward_that_always_says_fail():

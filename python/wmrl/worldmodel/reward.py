@@ -237,6 +237,22 @@ def calibrate_episodes(peak: torch.Tensor, real: torch.Tensor) -> tuple[float, f
     return float(grid[best[len(best) // 2]]), float(scores.max())
 
 
+def real_and_generated(idx: torch.Tensor, generated_from: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``idx`` (frame indices of one label) split into the real frames' and the pair's."""
+    return idx[idx < generated_from], idx[idx >= generated_from]
+
+
+def draw(every: torch.Tensor, real: torch.Tensor, gen: torch.Tensor, n: int, share: float,
+         g: torch.Generator) -> torch.Tensor:
+    """``n`` frame indices of one label, ``share`` of them from the generated ones where there are
+    both kinds; else (share 0, or one kind missing) uniformly from ``every``, as before the option."""
+    if share == 0 or not len(real) or not len(gen):
+        return every[torch.randint(len(every), (n,), generator=g, device=every.device)]
+    k = round(share * n)
+    return torch.cat([real[torch.randint(len(real), (n - k,), generator=g, device=real.device)],
+                      gen[torch.randint(len(gen), (k,), generator=g, device=gen.device)]])
+
+
 class RewardObjective(nn.Module):
     """Binary cross-entropy of the wrapped model, for DeepSpeed's engine (inputs cast to its dtype)."""
 
@@ -264,6 +280,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     ``make wm-eval`` measures the reward's own ceiling on real frames; ``val_outcomes``
     (``simulator_outcomes``): the simulator's verdict on those episodes as the truth there."""
     gen_train_n = control_n = 0
+    generated_from = len(train_frames)  # frames from here on are the pair's (RewardConfig.generated_share)
     if generated is not None and len(generated["train"][0]):
         gen_train_n = len(generated["train"][0])
         train_frames = torch.cat([train_frames, generated["train"][0]])
@@ -293,6 +310,7 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     g = torch.Generator(device=device).manual_seed(cfg.seed)
     frames, labels = train_frames.to(device), train_labels.to(device)
     pos, neg = pos.to(device), neg.to(device)
+    pools = {"pos": (pos, *real_and_generated(pos, generated_from)), "neg": (neg, *real_and_generated(neg, generated_from))}
     tc = WMTrainConfig(steps=cfg.steps, micro_batch=cfg.batch, grad_accum=1, lr=cfg.lr, warmup=min(50, cfg.steps // 10))
     init_distributed(on_gpu)
     engine, *_ = deepspeed.initialize(model=RewardObjective(model), model_parameters=model.parameters(),
@@ -301,8 +319,8 @@ def train_reward(train_frames: torch.Tensor, train_labels: torch.Tensor, val_fra
     t0 = time.perf_counter()
     for _ in tqdm(range(cfg.steps), desc="reward model", disable=not progress):
         half = cfg.batch // 2
-        idx = torch.cat([pos[torch.randint(len(pos), (half,), generator=g, device=device)],
-                         neg[torch.randint(len(neg), (cfg.batch - half,), generator=g, device=device)]])
+        idx = torch.cat([draw(*pools["pos"], half, cfg.generated_share, g), draw(*pools["neg"], cfg.batch - half,
+                                                                                 cfg.generated_share, g)])
         x = random_shift(images_to_unit(frames[idx]), round(cfg.shift * frames.shape[1]), len(cfg.views), g)
         loss = engine(generated_style(x, cfg, g), labels[idx])
         engine.backward(loss)
