@@ -67,6 +67,10 @@ returns only a few files).
     python3 bench/gpu.py calibrate RUN=runs/h200 [PAIR=runs/h200/model_pair_students CALIBRATE_POLICY=sft/4000@T=1
                                TRIALS=8]   (the reward's threshold closed loop, make wm-calibrate; then GRPO with
                                THRESHOLDS=closed-loop: unpack+wm+distill+calibrate+grpo ...)
+    python3 bench/gpu.py reward RUN=runs/h200 [REWARD_VARIANTS="base: share:--generated-share+0.5+--generated-samples+2"
+                               REWARD_SEEDS=0,1 STUDENTS=1 CONTROL_TRIALS=2]   (reward variants on RUN's finished
+                               pair, each seed trained, packaged and evaluated; OUT/fidelity_<variant>_s<seed>.json
+                               and bench/reward_ranking.py's table of them, OUT/reward_ab.md; after wm: unpack+wm+reward)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
@@ -547,6 +551,36 @@ def phase_calibrate(v: dict, env: dict) -> None:
         shutil.copy(Path(pair) / CLOSED_LOOP_FILE, OUT / f"closed_loop_{Path(pair).name}.json")
 
 
+def phase_reward(v: dict, env: dict) -> None:
+    """Reward variants on RUN's finished pair (after wm), each with REWARD_SEEDS: the reward
+    trained again, the pair packaged and evaluated, its fidelity.json kept as
+    OUT/fidelity_<variant>_s<seed>.json, then bench/reward_ranking.py over all of them (OUT/reward_ab.md).
+    REWARD_VARIANTS="base: share:--generated-share 0.5 --generated-samples 2" (name:options, space
+    between variants; options in one word each, "+" for a space: share:--generated-share+0.5).
+    STUDENTS=1: the students' reward and pair (after distill). The last variant's reward stays in the pair."""
+    run = v.get("RUN", "runs/h200")
+    students = v.get("STUDENTS") == "1"
+    pair = str(RunLayout(run).student_pair if students else RunLayout(run).model_pair)
+    kept = []
+    for spec in v.get("REWARD_VARIANTS", "base: share:--generated-share+0.5+--generated-samples+2").split():
+        name, _, options = spec.partition(":")
+        for seed in v.get("REWARD_SEEDS", "0,1").split(","):
+            tag = f"{name}_s{seed}"
+            if stage(f"wm_reward_{tag}", "wm_reward.py", ["--run", run, "--no-progress", "--overwrite", "--seed", seed,
+                                                          *(["--students"] if students else []),
+                                                          *options.replace("+", " ").split()], env) or \
+                    stage(f"package_{tag}", "package_pair.py", ["--run", run, "--overwrite",
+                                                                *(["--students", "--out", pair] if students else [])], env) or \
+                    stage(f"wm_eval_{tag}", "wm_eval.py", ["--run", run, "--pair", pair, "--videos", "0",
+                                                           "--control-trials", v.get("CONTROL_TRIALS", "2")], env):
+                continue
+            shutil.copy(Path(pair) / FIDELITY_FILE, OUT / f"fidelity_{tag}.json")
+            kept.append(OUT / f"fidelity_{tag}.json")
+    if kept:
+        with open(OUT / "reward_ab.md", "w") as f:
+            subprocess.run([PY, "bench/reward_ranking.py", *map(str, kept)], cwd=ROOT, env=env, stdout=f, check=False)
+
+
 def phase_sim(v: dict, env: dict) -> None:
     run, w = v.get("RUN", "runs/h200"), v.get("WORKERS", str(os.cpu_count()))
     stage("throughput", "bench/sim_throughput.py", ["--workers", w, "--sizes", v.get("SIZES", "128,256"),
@@ -635,7 +669,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
           "rank": phase_rank, "gap": phase_gap, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
           "probe": phase_probe, "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
-          "bimanual": phase_bimanual, "calibrate": phase_calibrate}
+          "bimanual": phase_bimanual, "calibrate": phase_calibrate, "reward": phase_reward}
 
 
 def wait(v: dict) -> None:

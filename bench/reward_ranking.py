@@ -38,8 +38,8 @@ def split_half(traces: dict, splits: int = 300, seed: int = 0) -> float | None:
     rng, order, scores = random.Random(seed), list(range(len(peak))), []
     for _ in range(splits):
         rng.shuffle(order)
-        fit, held = torch.tensor(order[: len(order) // 2]), torch.tensor(order[len(order) // 2:])
-        chosen = calibrate_episodes(peak[fit], real[fit])
+        fit, held = (torch.tensor(part, dtype=torch.long) for part in (order[: len(order) // 2], order[len(order) // 2:]))
+        chosen = calibrate_episodes(peak[fit], real[fit])  # None unless this half shows both outcomes
         if chosen is not None and real[held].any() and not real[held].all():
             scores.append(balanced_accuracy(peak[held] >= chosen[0], real[held]))
     return sum(scores) / len(scores) if scores else None
@@ -52,7 +52,9 @@ def row(path: Path) -> list[str]:
     if "reward_traces" not in d:
         raise SystemExit(f"error: {path} has no reward_traces: run make wm-eval again with this kit's version")
     a = d.get("agreement") or {}
-    cells = [str(path.parent), str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
+    # a pair's own file by its folder; a kept copy (bench/gpu.py reward: fidelity_<variant>_s<seed>.json) by its name
+    name = str(path.parent) if path.name == "fidelity.json" else path.stem
+    cells = [name, str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
              str(a.get("balanced_accuracy", "-"))]
     for frames in ("imagined", "real"):
         r = peak_ranking(d["reward_traces"], frames)

@@ -38,6 +38,8 @@ def build(argv: list[str] | None = None):
     p.add_argument("--generated-samples", type=int, metavar="K",
                    help="open-loop replays of each training episode, each with its own noise "
                         "(RewardConfig.generated_samples; default: the profile's, 1)")
+    p.add_argument("--seed", type=int, help="the reward's seed: its initial weights, batches and replays' noise "
+                                            "(RewardConfig.seed; default: the profile's, 0)")
     p.add_argument("--students", action="store_true",
                    help="train on the few-step students' frames (make wm-distill), for their pair: "
                         "RUN/worldmodels/reward_students")
@@ -100,7 +102,7 @@ def main(args, manifest: Path) -> int:
     controls = None if args.control_negatives is None else tuple(
         c for c in args.control_negatives.split(",") if c and c != "none")
     cfg = override(get_profile(args.profile).reward, steps=args.steps, control_negatives=controls,
-                   generated_share=args.generated_share, generated_samples=args.generated_samples)
+                   generated_share=args.generated_share, generated_samples=args.generated_samples, seed=args.seed)
     out = RunLayout(args.run).student_reward if args.students else RunLayout(args.run).reward
     if args.dry_run:
         cli.print_plan("reward model", {"manifest": manifest, "config": cfg, "out": out})
