@@ -34,7 +34,7 @@ returns only a few files).
                                WM_BENCH=1 WM_ARGS="--compile" FRAME_INTERVAL=0 (chunk boundaries only)
                                REWARD_ARGS="--control-negatives hold,random" (any wm_reward.py option)
                                COLLECT="sft/4000@T=1 sft/4000@T=3" COLLECT_EPISODES=20 (RUN's policy's own episodes as new
-                               data, after unpack: unpack+wm; EPISODES=0: no demonstrations)
+                               data, after unpack: unpack+wm; EPISODES=0: no demonstrations) VAL_RATIO=0.2 (held out)
                                MORE=1: train RUN's finished pair further, then its reward, pair and wm_eval again;
                                MORE_ROUNDS=1 MORE_MINUTES=4 [MIN_AGREEMENT=0.6]: so, where GRPO's gate would refuse the pair]
     python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run12.tar.xz RUN=runs/h200 EPISODES=24
@@ -387,8 +387,11 @@ def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:
                                                  "--episodes", v.get("COLLECT_EPISODES", episodes), "--workers", workers,
                                                  "--frame-interval", interval, "--no-progress"], env)
     if not layout.manifest.exists():
+        # VAL_RATIO=0.3: more held-out episodes (half calibrate the reward, half score the pair's
+        # agreement: at 0.2 of 320 episodes, 32 each, an interval +-0.15 wide)
         stage("manifest", "make_manifest.py", ["--run", run, *(["--replay", layout.demos] if episodes != "0" else []),
-                                               *(["--new", *new] if new else [])], env)
+                                               *(["--new", *new] if new else []),
+                                               *(["--val-ratio", v["VAL_RATIO"]] if "VAL_RATIO" in v else [])], env)
     return layout
 
 
