@@ -94,7 +94,7 @@ def main(args) -> int:
               "action_response": {v: action_response(m, val, seed=args.seed, device=device)
                                   for v, m in (("main", main_m), ("wrist", wrist_m))}}
     # threshold-free: does the reward rank the imagined successes above the failures at all (AUC),
-    # and what would the best threshold on these episodes reach (the calibrated one's cost)
+    # and what would the best threshold on these episodes reach (optimistic: chosen where scored)
     result["reward_ranking"] = {f: peak_ranking(result["reward_traces"], f) for f in ("imagined", "real")}
     if args.control_trials:
         from wmrl.evaluation.ranking import control_false_alarms

@@ -274,9 +274,9 @@ def peak_ranking(traces: dict, frames: str = "imagined") -> dict | None:
     From ``reward_traces``: the area under the ROC curve of each episode's peak probability
     (1: every success above every failure; 0.5: chance), and the best balanced accuracy any one
     threshold reaches on these same episodes, with that threshold. That best is optimistic (chosen
-    where it is scored); its gap to ``agreement`` is what the calibrated threshold costs, and the
-    AUC below ~0.85 says no threshold can reach issue 15's bar: the frames or the reward must
-    change. None unless both outcomes are among the episodes."""
+    where it is scored; ``bench/reward_ranking.py`` also scores a threshold chosen on one half of
+    the episodes on the other). An AUC below ~0.85 says no threshold can reach issue 15's bar:
+    the frames or the reward must change. None unless both outcomes are among the episodes."""
     from wmrl.worldmodel.reward import calibrate_episodes
 
     peak, real = episode_peaks_from_traces(traces, frames), torch.tensor(traces["outcome"], dtype=torch.bool)
