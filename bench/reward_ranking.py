@@ -12,6 +12,7 @@ it) and scored on the other half, averaged over many halves. Works on any ``fide
 ``reward_traces``, older ones included:
 
     python bench/reward_ranking.py runs/h200/model_pair/fidelity.json runs/h200/model_pair_students/fidelity.json
+    python bench/reward_ranking.py ... --plot bench/figures/reward_roc.png   # and their ROC curves
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def row(path: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("fidelity", nargs="+", type=Path, help="fidelity.json files written by make wm-eval")
+    ap.add_argument("--plot", type=Path, help="a PNG of each pair's ROC curves: imagined frames solid, real ones dashed")
+    ap.add_argument("--labels", help="comma-separated names for the pairs in the plot (default: their folders)")
     args = ap.parse_args(argv)
     missing = [str(p) for p in args.fidelity if not p.is_file()]
     if missing:
@@ -78,6 +81,24 @@ def main(argv: list[str] | None = None) -> None:
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for p in args.fidelity:
         print("| " + " | ".join(row(p)) + " |")
+    if args.plot:
+        labels = args.labels.split(",") if args.labels else [row(p)[0] for p in args.fidelity]
+        if len(labels) != len(args.fidelity):
+            raise SystemExit(f"error: --labels names {len(labels)} pairs, {len(args.fidelity)} files given")
+        print(f"[reward-ranking] {roc_plot(args.fidelity, labels, args.plot)}")
+
+
+def roc_plot(files: list[Path], labels: list[str], out: Path) -> Path | None:
+    """Every pair's ROC curve of the episodes' peak reward, imagined (solid) and real (dashed)."""
+    from wmrl.plots import roc_curves
+    from wmrl.worldmodel.fidelity import episode_peaks_from_traces
+
+    pairs = []
+    for path, label in zip(files, labels):
+        traces = json.loads(path.read_text())["reward_traces"]
+        pairs.append((label, *(episode_peaks_from_traces(traces, f).tolist() for f in ("imagined", "real")),
+                      [bool(o) for o in traces["outcome"]]))
+    return roc_curves(pairs, out, "the reward's peak per held-out episode against the simulator's outcome")
 
 
 if __name__ == "__main__":

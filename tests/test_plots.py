@@ -61,3 +61,26 @@ def test_sensitivity_scatter_marks_and_nothing_without_corruptions(tmp_path):
                                                           "horizons": {"1": {"action_gap": 0.2}}}]}
     with Image.open(sensitivity_scatter(proprio, tmp_path / "p.png")) as im:
         assert im.format == "PNG"
+
+
+def test_roc_curves_of_known_rankings(tmp_path):
+    """A perfect ranking's curve climbs to (0, 1) first; a tie of a success and a failure is one
+    diagonal step; the area under the points is peak_ranking's AUC. A pair with one outcome is left
+    out, and with none left no figure is written."""
+    import torch
+
+    from wmrl.plots import roc_curves, roc_points
+    from wmrl.worldmodel.fidelity import peak_ranking
+
+    assert roc_points([0.9, 0.8, 0.3, 0.1], [True, True, False, False]) == ([0, 0, 0, 0.5, 1], [0, 0.5, 1, 1, 1])
+    scores, truth = [0.9, 0.5, 0.5, 0.2, 0.7], [True, True, False, False, False]
+    fpr, tpr = roc_points(scores, truth)
+    assert (fpr[2], tpr[2]) == (1 / 3, 0.5) and (fpr[3], tpr[3]) == (2 / 3, 1.0)  # 0.7 alone, then the tie at 0.5
+    traces = {"imagined": [[0.0, s] for s in scores], "real": [[0.0, 0.0]] * 5, "outcome": truth}
+    assert abs(float(torch.trapz(torch.tensor(tpr), torch.tensor(fpr))) - peak_ranking(traces)["auc"]) < 1e-4
+    png = roc_curves([("a pair", scores, [0.9, 0.9, 0.1, 0.1, 0.1], truth), ("one outcome", [0.5], [0.5], [True])],
+                     tmp_path / "roc.png", "title")
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+    assert roc_curves([("one outcome", [0.5], [0.5], [True])], tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()

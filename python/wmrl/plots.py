@@ -248,3 +248,45 @@ def sensitivity_scatter(result: dict, out: str | os.PathLike, horizon: str = "1"
                  fontsize=9)
     ax.grid(alpha=0.3)
     return _save(fig, plt, Path(out))
+
+
+def roc_points(scores: list[float], truth: list[bool]) -> tuple[list[float], list[float]]:
+    """The ROC curve of ``scores`` against ``truth`` (both outcomes present): false-positive and
+    true-positive rates as the threshold falls through every distinct score, from (0, 0) to (1, 1)."""
+    pos, neg = sum(truth), len(truth) - sum(truth)
+    fpr, tpr = [0.0], [0.0]
+    for th in sorted(set(scores), reverse=True):
+        called = [s >= th for s in scores]
+        tpr.append(sum(c and t for c, t in zip(called, truth)) / pos)
+        fpr.append(sum(c and not t for c, t in zip(called, truth)) / neg)
+    if fpr[-1] < 1 or tpr[-1] < 1:
+        fpr.append(1.0)
+        tpr.append(1.0)
+    return fpr, tpr
+
+
+def roc_curves(pairs: list[tuple[str, list[float], list[float], list[bool]]], out: str | os.PathLike,
+               title: str = "") -> Path | None:
+    """One colour per (label, imagined scores, real scores, truth): the ROC curve of the imagined
+    scores solid, of the real ones dashed in the same colour, the chance diagonal dotted; e.g. the
+    reward's peak per held-out episode against the simulator's outcome. Pairs without both
+    outcomes are left out."""
+    pairs = [q for q in pairs if any(q[3]) and not all(q[3])]
+    plt = _pyplot() if pairs else None
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    ax.plot([0, 1], [0, 1], ":", color="grey")
+    for i, (label, imagined, real, truth) in enumerate(pairs):
+        color = plt.get_cmap("tab10")(i % 10)
+        ax.plot(*roc_points(imagined, truth), "-", color=color, label=label)
+        ax.plot(*roc_points(real, truth), "--", color=color, alpha=0.4)
+    ax.plot([], [], "--", color="grey", label="dashed: the same on real frames")
+    ax.legend(fontsize=6, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("failures called successes (false-positive rate)")
+    ax.set_ylabel("successes called successes (true-positive rate)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    return _save(fig, plt, Path(out))

@@ -1245,6 +1245,10 @@ def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path
     # separates the other half here (every success above every failure)
     assert bench.row(f)[3:7] == ["0.75", "1.00", "1.00 at 0.51", "1.00"]
     assert bench.split_half({**traces, "outcome": [False, True, False, True]}) < 0.5  # reversed: below chance
+    bench.main([str(f), "--plot", str(tmp_path / "roc.png"), "--labels", "tiny"])  # the table, then the curves
+    assert (tmp_path / "roc.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="--labels names 2 pairs, 1 files"):
+        bench.main([str(f), "--plot", str(tmp_path / "roc2.png"), "--labels", "a,b"])
     one = {k: v[:1] for k, v in traces.items()}
     assert bench.split_half(one) is None and bench.row(f)[6] == "1.00"  # one episode: no halves to compare
     with pytest.raises(SystemExit, match="no reward_traces"):
