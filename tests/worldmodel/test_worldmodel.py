@@ -1246,7 +1246,8 @@ def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path
     assert bench.row(f)[3:7] == ["0.75", "1.00", "1.00 at 0.51", "1.00"]
     assert bench.split_half({**traces, "outcome": [False, True, False, True]}) < 0.5  # reversed: below chance
     bench.main([str(f), "--plot", str(tmp_path / "roc.png"), "--labels", "tiny"])  # the table, then the curves
-    assert (tmp_path / "roc.png").stat().st_size > 0
+    # the world-model environment may lack matplotlib: then the figure is skipped, never the table
+    assert (tmp_path / "roc.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     with pytest.raises(SystemExit, match="--labels names 2 pairs, 1 files"):
         bench.main([str(f), "--plot", str(tmp_path / "roc2.png"), "--labels", "a,b"])
     one = {k: v[:1] for k, v in traces.items()}
