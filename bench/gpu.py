@@ -557,7 +557,8 @@ def phase_calibrate(v: dict, env: dict) -> None:
 def phase_reward(v: dict, env: dict) -> None:
     """Reward variants on RUN's finished pair (after wm), each with REWARD_SEEDS: the reward
     trained again, the pair packaged and evaluated, its fidelity.json kept as
-    OUT/fidelity_<variant>_s<seed>.json, then bench/reward_ranking.py over all of them (OUT/reward_ab.md).
+    OUT/fidelity_<variant>_s<seed>.json, then bench/reward_ranking.py over all of them, each
+    variant's seeds also averaged (OUT/reward_ab.md).
     REWARD_VARIANTS="base: share:--generated-share 0.5 --generated-samples 2" (name:options, space
     between variants; options in one word each, "+" for a space: share:--generated-share+0.5).
     STUDENTS=1: the students' reward and pair (after distill). The last variant's reward stays in the pair."""
@@ -579,9 +580,12 @@ def phase_reward(v: dict, env: dict) -> None:
                 continue
             shutil.copy(Path(pair) / FIDELITY_FILE, OUT / f"fidelity_{tag}.json")
             kept.append(OUT / f"fidelity_{tag}.json")
-    if kept:
+    if kept:  # each variant's seeds also averaged (an ensemble of its rewards: same replays, same episodes)
+        means = [a for name in dict.fromkeys(k.stem.rsplit("_s", 1)[0] for k in kept)
+                 for a in ("--mean-of", ",".join(str(k) for k in kept if k.stem.rsplit("_s", 1)[0] == name))]
         with open(OUT / "reward_ab.md", "w") as f:
-            subprocess.run([PY, "bench/reward_ranking.py", *map(str, kept)], cwd=ROOT, env=env, stdout=f, check=False)
+            subprocess.run([PY, "bench/reward_ranking.py", *map(str, kept), *means], cwd=ROOT, env=env, stdout=f,
+                           check=False)
 
 
 def phase_sim(v: dict, env: dict) -> None:

@@ -13,6 +13,7 @@ it) and scored on the other half, averaged over many halves. Works on any ``fide
 
     python bench/reward_ranking.py runs/h200/model_pair/fidelity.json runs/h200/model_pair_students/fidelity.json
     python bench/reward_ranking.py ... --plot bench/figures/reward_roc.png   # and their ROC curves
+    python bench/reward_ranking.py A.json B.json --mean-of A.json,B.json    # and the two rewards averaged
 """
 
 from __future__ import annotations
@@ -46,15 +47,44 @@ def split_half(traces: dict, splits: int = 300, seed: int = 0) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def row(path: Path) -> list[str]:
-    from wmrl.worldmodel.fidelity import peak_ranking
-
+def load(path: Path) -> dict:
     d = json.loads(path.read_text())
     if "reward_traces" not in d:
         raise SystemExit(f"error: {path} has no reward_traces: run make wm-eval again with this kit's version")
+    return d
+
+
+def mean_of(paths: list[Path]) -> dict:
+    """Rewards of the same imagined episodes as one: their probabilities averaged chunk by chunk
+    (an ensemble, e.g. two reward seeds on one pair: ``make wm-eval`` replays the same frames
+    with the same seed). Refused where the files' episodes, outcomes or chunks differ."""
+    ds = [load(p) for p in paths]
+    t0 = ds[0]["reward_traces"]
+    for p, d in zip(paths[1:], ds[1:]):
+        t = d["reward_traces"]
+        same = (t["outcome"] == t0["outcome"] and t.get("labels") == t0.get("labels")
+                and d.get("seed") == ds[0].get("seed") and d.get("manifest") == ds[0].get("manifest")
+                and [[x is None for x in e] for e in t["imagined"]] == [[x is None for x in e] for e in t0["imagined"]])
+        if not same:
+            raise SystemExit(f"error: {p} and {paths[0]} did not score the same episodes (outcomes, chunks, manifest "
+                             "or seed differ): average only rewards evaluated by make wm-eval on one pair's replays")
+
+    def average(frames: str) -> list:
+        return [[None if xs[0] is None else round(sum(xs) / len(xs), 4) for xs in zip(*eps)]
+                for eps in zip(*(d["reward_traces"][frames] for d in ds))]
+
+    return {"agreement": {"episodes": len(t0["outcome"]), "real_successes": sum(map(bool, t0["outcome"]))},
+            "reward_traces": {**t0, "imagined": average("imagined"), "real": average("real")}}
+
+
+def row(path: Path, d: dict | None = None, name: str | None = None) -> list[str]:
+    """One table row for ``path``'s fidelity.json (or ``d``, e.g. ``mean_of``'s, named ``name``)."""
+    from wmrl.worldmodel.fidelity import peak_ranking
+
+    d = load(path) if d is None else d
     a = d.get("agreement") or {}
     # a pair's own file by its folder; a kept copy (bench/gpu.py reward: fidelity_<variant>_s<seed>.json) by its name
-    name = str(path.parent) if path.name == "fidelity.json" else path.stem
+    name = name or (str(path.parent) if path.name == "fidelity.json" else path.stem)
     cells = [name, str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
              str(a.get("balanced_accuracy", "-"))]
     for frames in ("imagined", "real"):
@@ -71,8 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("fidelity", nargs="+", type=Path, help="fidelity.json files written by make wm-eval")
     ap.add_argument("--plot", type=Path, help="a PNG of each pair's ROC curves: imagined frames solid, real ones dashed")
     ap.add_argument("--labels", help="comma-separated names for the pairs in the plot (default: their folders)")
+    ap.add_argument("--mean-of", action="append", default=[], metavar="A,B",
+                    help="also a row for these files' rewards averaged (an ensemble of reward seeds on one pair); repeatable")
     args = ap.parse_args(argv)
-    missing = [str(p) for p in args.fidelity if not p.is_file()]
+    groups = [[Path(x) for x in g.split(",")] for g in args.mean_of]
+    missing = [str(p) for p in [*args.fidelity, *(x for g in groups for x in g)] if not p.is_file()]
     if missing:
         raise SystemExit(f"error: no such file: {', '.join(missing)} (make wm-eval writes PAIR/fidelity.json)")
     head = ["pair", "episodes", "real successes", "agreement (calibrated threshold)", "AUC imagined",
@@ -81,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for p in args.fidelity:
         print("| " + " | ".join(row(p)) + " |")
+    for g in groups:  # the calibrated agreement has no meaning for an average: "-"
+        print("| " + " | ".join(row(g[0], mean_of(g), "mean of " + " + ".join(x.stem for x in g))) + " |")
     if args.plot:
         labels = args.labels.split(",") if args.labels else [row(p)[0] for p in args.fidelity]
         if len(labels) != len(args.fidelity):

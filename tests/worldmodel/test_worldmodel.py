@@ -1250,6 +1250,16 @@ def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path
     assert (tmp_path / "roc.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     with pytest.raises(SystemExit, match="--labels names 2 pairs, 1 files"):
         bench.main([str(f), "--plot", str(tmp_path / "roc2.png"), "--labels", "a,b"])
+    # two rewards of the same replays averaged chunk by chunk (an ensemble); other episodes refused
+    g = tmp_path / "other.json"
+    flipped = {**traces, "imagined": [[None if x is None else 1 - x for x in e] for e in traces["imagined"]]}
+    g.write_text(json.dumps({"agreement": {}, "reward_traces": flipped}))
+    mean = bench.mean_of([f, g])["reward_traces"]
+    assert mean["imagined"][0] == [0.5, 0.5, 0.5, 0.5] and mean["imagined"][2][2] is None
+    assert bench.row(f, bench.mean_of([f, f]), "twice")[:5] == ["twice", "4", "2", "-", "1.00"]
+    g.write_text(json.dumps({"agreement": {}, "reward_traces": {**traces, "outcome": [True] * 4}}))
+    with pytest.raises(SystemExit, match="did not score the same episodes"):
+        bench.mean_of([f, g])
     one = {k: v[:1] for k, v in traces.items()}
     assert bench.split_half(one) is None and bench.row(f)[6] == "1.00"  # one episode: no halves to compare
     with pytest.raises(SystemExit, match="no reward_traces"):
