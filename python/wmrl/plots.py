@@ -33,6 +33,17 @@ def _save(fig, plt, path: Path) -> Path:
     return path
 
 
+def _square(ax, title: str, xlabel: str, ylabel: str, top: float) -> None:
+    """Title, labels, both axes from 0 to ``top`` with a 2% margin, a light grid: the plots of one
+    rate against another (imagined vs real success, an ROC curve)."""
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(-0.02 * top, 1.02 * top)
+    ax.set_ylim(-0.02 * top, 1.02 * top)
+    ax.grid(alpha=0.3)
+
+
 def loss_curve(log_jsonl: str | os.PathLike, out: str | os.PathLike) -> Path | None:
     """Training and validation loss against the optimizer step, from ``sft.jsonl``."""
     records = [json.loads(line) for line in Path(log_jsonl).read_text().splitlines() if line.strip()]
@@ -212,12 +223,8 @@ def ranking_scatter(ranking: dict, out: str | os.PathLike) -> Path | None:
     if scales:
         ax.legend(fontsize=7, loc="upper left")
     rho = ranking.get("spearman")
-    ax.set_title(f"policy ranking: Spearman {'n/a' if rho is None else f'{rho:.2f}'}", fontsize=9)
-    ax.set_xlabel("real success (%), fixed initial states")
-    ax.set_ylabel("imagined success (%), held-out keyframes")
-    ax.set_xlim(-2, 102)
-    ax.set_ylim(-2, 102)
-    ax.grid(alpha=0.3)
+    _square(ax, f"policy ranking: Spearman {'n/a' if rho is None else f'{rho:.2f}'}",
+            "real success (%), fixed initial states", "imagined success (%), held-out keyframes", 100)
     return _save(fig, plt, Path(out))
 
 
@@ -283,10 +290,6 @@ def roc_curves(pairs: list[tuple[str, list[float], list[float], list[bool]]], ou
         ax.plot(*roc_points(real, truth), "--", color=color, alpha=0.4)
     ax.plot([], [], "--", color="grey", label="dashed: the same on real frames")
     ax.legend(fontsize=6, loc="lower right")
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel("failures called successes (false-positive rate)")
-    ax.set_ylabel("successes called successes (true-positive rate)")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
+    _square(ax, title, "failures called successes (false-positive rate)",
+            "successes called successes (true-positive rate)", 1)
     return _save(fig, plt, Path(out))
