@@ -56,8 +56,8 @@ def load(path: Path) -> dict:
 
 def mean_of(paths: list[Path]) -> dict:
     """Rewards of the same imagined episodes as one: their probabilities averaged chunk by chunk
-    (an ensemble, e.g. two reward seeds on one pair: ``make wm-eval`` replays the same frames
-    with the same seed). Refused where the files' episodes, outcomes or chunks differ."""
+    (an ensemble, e.g. two reward seeds on one pair: ``make wm-eval`` replays the same episodes
+    with the same noise). Refused where the files' episodes, outcomes or chunks differ."""
     ds = [load(p) for p in paths]
     t0 = ds[0]["reward_traces"]
     for p, d in zip(paths[1:], ds[1:]):
