@@ -542,6 +542,11 @@ def test_a_pair_measured_below_the_agreement_floor_is_refused(run_with_pair):
         env(0.6, at_chance)
     wrist = json.loads((pair / "pair.json").read_text())["models"]["wrist"]  # the remedy, in the run that trained it
     assert f"make wm-update RUN={Path(wrist['source']).parents[2]} MORE=1 STEPS={2 * wrist['step']}" in str(refused.value)
+    assert "AUC" not in str(refused.value)  # no ranking recorded (a fidelity.json of an older kit)
+    write_json(pair / "fidelity.json", {"pair_json_sha256": sha256_file(pair / "pair.json"), "agreement": at_chance,
+                                        "reward_ranking": {"imagined": {"auc": 0.66}, "real": {"auc": 0.98}}})
+    with pytest.raises(PairError, match=r"ranks the imagined episodes at AUC 0.66, their real frames at 0.98\)"):
+        env(0.6)
     assert env(0.0, at_chance).agreement == at_chance  # the floor off
     assert env(0.6, at_chance, sha="0" * 64).agreement is None  # figures of an earlier packaging
     one_outcome = {"balanced_accuracy": None, "balanced_accuracy_95": None, "episodes": 2}  # all failed in the simulator

@@ -301,10 +301,21 @@ def check_agreement(pair: ModelPair, floor: float) -> dict | None:
             f"the model pair {pair.root} tells the simulator's successes from failures at {point:.2f} (95%: "
             f"{low:.2f}-{high:.2f}, {agreement.get('episodes', '?')} held-out episodes; {FIDELITY_FILE}), below "
             f"grpo.min_agreement={floor}: GRPO in it would follow {signal_share(point):.2f} of the simulator's signal "
-            f"((2 x agreement - 1)^2) and learn the reward model's errors. Train its world models "
+            f"((2 x agreement - 1)^2) and learn the reward model's errors{ranking_clause(figures)}. Train its world models "
             f"further ({train_further(pair)}) or on more episodes (make collect), or pass --min-agreement 0 "
             "(make grpo|cycle MIN_AGREEMENT=0) to train in this pair anyway")
     return agreement
+
+
+def ranking_clause(figures: dict) -> str:
+    """Where ``make wm-eval`` recorded it, how the reward ranks the held-out episodes whatever its
+    threshold, imagined against real frames: which of the two lost the outcome."""
+    r = figures.get("reward_ranking") or {}
+    imagined, real = r.get("imagined"), r.get("real")
+    if not imagined:
+        return ""
+    return (f" (whatever the threshold, the reward ranks the imagined episodes at AUC {imagined['auc']:.2f}"
+            + (f", their real frames at {real['auc']:.2f}" if real else "") + ")")
 
 
 def check_controls(pair: ModelPair, controls: dict, floor: float, source: str = FIDELITY_FILE) -> None:
