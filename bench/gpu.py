@@ -58,7 +58,8 @@ returns only a few files).
                                PAIR=runs/h200/model_pair_students GROUPS=256 (their rollouts take half the time))
     python3 bench/gpu.py wmspeed [MICROS=16,64 VARIANTS=eager,channels_last,compile,channels_last+compile]
                                (what each world-model training speed option buys, with profiler tables;
-                               compile's own: compile+nhwc, compile+nhwc+graphs, compile+nhwc+autotune)
+                               compile's own: compile+nhwc, compile+nhwc+graphs, compile+nhwc+autotune;
+                               compile+nhwc+fast+refine2: the refine head on 2 x 2 pixel patches, another model)
     python3 bench/gpu.py rank  RUN=runs/h200 POLICIES="sft/1000 sft/2000 sft/4000 sft/4000@T=3 hold" [TRIALS=4 REAL_TRIALS=10
                                RANK_ARGS="--traces"]
     python3 bench/gpu.py gap   RUN=runs/h200 [POLICY=sft/4000@ode GAP_EPISODES=20 GUIDANCE=1,2 (a pair trained with

@@ -76,9 +76,12 @@ def flops_per_sample(model, cfg, device) -> float:
 
 
 VARIANTS = ("eager", "channels_last", "compile", "channels_last+compile", "compile+nhwc", "compile+nhwc+graphs",
-            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "compile+nhwc+fast")
+            "compile+nhwc+autotune", "compile+nhwc+graphs+autotune", "compile+nhwc+cudnn", "compile+nhwc+fast",
+            "compile+nhwc+fast+refine2")
 # +cudnn: cuDNN's algorithm search (torch.backends.cudnn.benchmark), with any of them;
-# +fast: the model's fast kernels (WMTrainConfig.fast_kernels), with any of them
+# +fast: the model's fast kernels (WMTrainConfig.fast_kernels), with any of them;
+# +refine2: the refine head on 2 x 2 pixel patches (WorldModelConfig.refine_patch=2; another model,
+# the same FLOPs: its fidelity is measured on a pair, not here)
 # the options that act through torch.compile: NHWC inside the graph, CUDA graphs, kernel autotuning
 COMPILED = {"nhwc", "graphs", "autotune"}
 
@@ -86,7 +89,7 @@ COMPILED = {"nhwc", "graphs", "autotune"}
 def variant_options(variant: str) -> dict:
     """A ``--variants`` entry -> the ``WMTrainConfig`` speed fields it sets; an unknown one exits
     with the choices (checked for every entry before anything loads)."""
-    options = set(variant.split("+")) - {"eager"}
+    options = set(variant.split("+")) - {"eager", "refine2"}  # refine2: a model option (bench_training)
     if options - {"channels_last", "compile", "cudnn", "fast"} - COMPILED or (options & COMPILED and "compile" not in options):
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     mode = {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
@@ -106,7 +109,7 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
     from wmrl.worldmodel.train import Objective, ds_config, init_distributed, speed_up
 
     on_gpu = device.type == "cuda"
-    cfg = prof.main
+    cfg = override(prof.main, refine_patch=2) if "refine2" in variant.split("+") else prof.main
     t = override(prof.train, **variant_options(variant), **({"micro_batch": args.micro_batch} if args.micro_batch else {}))
     # a variant compiled earlier in this process must not serve this one: dynamo's cache would hand
     # back its graph (the same code, the same shapes), whatever inductor's layout option says now

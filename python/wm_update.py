@@ -49,6 +49,9 @@ def build(argv: list[str] | None = None):
     p.add_argument("--proprio-motion", action=argparse.BooleanOptionalAction, default=None,
                    help="both views' proprio head predicts the chunk's motion (WorldModelConfig.proprio_motion; "
                         "default: the profile's, on)")
+    p.add_argument("--refine-patch", type=int,
+                   help="both views' refine head on r x r pixel patches folded into channels "
+                        "(WorldModelConfig.refine_patch; default: the profile's, 1: full resolution)")
     p.add_argument("--max-minutes", type=float,
                    help="(both views) time limit: then the wrist model stops after its next update and main follows")
     p.add_argument("--stop-after", type=int, help="(one view) stop at this update with a checkpoint; rerun to continue")
@@ -67,7 +70,7 @@ def build(argv: list[str] | None = None):
     prof = get_profile(args.profile).wm
     # both views alike (None: the profile's); WorldModelConfig checks them (guidance needs dropout)
     actions = {"action_dropout": args.action_dropout, "action_guidance": args.action_guidance,
-               "proprio_motion": args.proprio_motion}
+               "proprio_motion": args.proprio_motion, "refine_patch": args.refine_patch}
     prof = dataclasses.replace(prof, main=override(prof.main, **actions),
                                wrist=override(prof.wrist, **actions, main_at_chunk_end=args.wrist_main_at_end,
                                                          wrist_warp=args.wrist_warp))
@@ -115,7 +118,7 @@ def _passthrough(args) -> list[str]:
             out.append(flag if val else f"--no-{flag[2:]}")
         elif val is not None:
             out += [flag, str(val)]
-    for name in ("action_dropout", "action_guidance"):
+    for name in ("action_dropout", "action_guidance", "refine_patch"):
         if getattr(args, name, None) is not None:
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if getattr(args, "wrist_main_at_end", None):

@@ -392,6 +392,13 @@ class WorldModelConfig:
     # keep a grain that PSNR hardly sees and SSIM and the reward do (H200 speedrun: SSIM 0.63
     # against the held frame's 0.93; CPU probe: the head adds 0.23 SSIM and 2.3-4.4 dB). 0: none
     refine: int = 32
+    # Where the refine head runs: 1 on the full-resolution pixels (9 -> refine -> 3 channels); r > 1
+    # on r x r pixel patches folded into channels (9 r^2 -> refine -> 3 r^2 channels at 1/r the side):
+    # the same FLOPs, 1/r^2 of the intermediate activation's bytes, channel counts tensor cores take.
+    # On an H100 the full-resolution head's kernels were ~14% of a compiled update for 1.4% of its
+    # FLOPs, moving memory more than multiplying (bench/RESULTS.md "The fast kernels on an H100").
+    # Unmeasured (speed and fidelity): 1 by default
+    refine_patch: int = 1
     cond_dim: int = 256  # noise level + actions + proprio embedding
     proprio_hidden: int = 256  # next-proprio head
     # EDM (Karras et al. 2022), as DIAMOND uses it
@@ -484,6 +491,9 @@ class WorldModelConfig:
             raise ConfigError(f"patch={self.patch}: pixels per side folded into channels, >= 1 (1: none)")
         if self.refine < 0:
             raise ConfigError(f"refine={self.refine}: channels of the full-resolution head, >= 0 (0: none)")
+        if self.refine_patch < 1 or self.image_size % self.refine_patch:
+            raise ConfigError(f"refine_patch={self.refine_patch}: pixels per side the refine head folds into channels, "
+                              f">= 1 and dividing image_size={self.image_size} (1: full resolution)")
         down = self.patch * 2 ** (len(self.channels) - 1)
         if not self.channels or self.image_size % down:
             raise ConfigError(f"image_size={self.image_size} must be divisible by {down} "

@@ -195,25 +195,61 @@ def test_fast_kernels_compute_the_plain_modules_function_and_gradients():
     conv = torch.nn.Conv2d(9, 3, 3, padding=1)
     torch.testing.assert_close(tensor_core_conv(torch.randn(2, 9, 6, 6).requires_grad_(), conv).shape, (2, 3, 6, 6))
 
-    cfg = dataclasses.replace(TINY.main, patch=2, refine=8)  # both paths: a full-resolution head, upsampling
-    batch = {"frames": torch.rand(3, cfg.input_frames, 3, 64, 64) * 2 - 1, "target": torch.rand(3, 3, 64, 64) * 2 - 1,
-             "actions": torch.rand(3, cfg.action_chunks * cfg.chunk_size, cfg.action_dim) * 2 - 1,
-             "proprio": torch.randn(3, cfg.proprio_dim), "next_proprio": torch.randn(3, cfg.proprio_dim)}
+    for refine_patch in (1, 2):  # the head at full resolution and on 2 x 2 pixel patches
+        cfg = dataclasses.replace(TINY.main, patch=2, refine=8, refine_patch=refine_patch)  # both paths: head, upsampling
+        batch = {"frames": torch.rand(3, cfg.input_frames, 3, 64, 64) * 2 - 1, "target": torch.rand(3, 3, 64, 64) * 2 - 1,
+                 "actions": torch.rand(3, cfg.action_chunks * cfg.chunk_size, cfg.action_dim) * 2 - 1,
+                 "proprio": torch.randn(3, cfg.proprio_dim), "next_proprio": torch.randn(3, cfg.proprio_dim)}
+        torch.manual_seed(0)
+        model = FrameWorldModel(cfg)
+        for p in model.parameters():  # the zero-initialised output layers would hide a wrong path
+            torch.nn.init.normal_(p, std=0.05)
+        results = []
+        for fast in (True, False):
+            model.zero_grad()
+            torch.manual_seed(1)  # the same noise levels and noise
+            loss, _ = model.use_fast_kernels(fast).loss(**batch)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        (fast_loss, fast_grads), (plain_loss, plain_grads) = results
+        torch.testing.assert_close(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
+        for name, grad in plain_grads.items():
+            torch.testing.assert_close(fast_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_refine_head_on_pixel_patches_starts_as_the_model_without_it():
+    """WorldModelConfig.refine_patch: the head folds r x r pixels into channels (9 r^2 in, 3 r^2
+    out) at the same FLOPs; zero-initialised, it adds nothing until trained, as the full-resolution
+    head; trained weights touch every pixel; a size it does not divide is refused with the fix."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from wmrl.config import ConfigError
+
+    full, patched = (dataclasses.replace(TINY.main, patch=2, refine=8, refine_patch=r) for r in (1, 2))
+    first, _, last = FrameWorldModel(patched).refine_head
+    assert (first.in_channels, first.out_channels, last.out_channels) == (36, 8, 12)
+    flops = []
+    for cfg in (full, patched):
+        head = FrameWorldModel(cfg).refine_head
+        with FlopCounterMode(display=False) as fc:
+            head(torch.randn(1, head[0].in_channels, 64 // cfg.refine_patch, 64 // cfg.refine_patch))
+        flops.append(fc.get_total_flops())
+    assert flops[0] == flops[1]  # the same work on a quarter of the positions
+    args = (torch.rand(2, full.input_frames, 3, 64, 64) * 2 - 1,
+            torch.rand(2, full.action_chunks * full.chunk_size, full.action_dim) * 2 - 1, torch.randn(2, full.proprio_dim))
+    noisy, sigma = torch.randn(2, 3, 64, 64), torch.full((2,), 0.7)
     torch.manual_seed(0)
-    model = FrameWorldModel(cfg)
-    for p in model.parameters():  # the zero-initialised output layers would hide a wrong path
-        torch.nn.init.normal_(p, std=0.05)
-    results = []
-    for fast in (True, False):
-        model.zero_grad()
-        torch.manual_seed(1)  # the same noise levels and noise
-        loss, _ = model.use_fast_kernels(fast).loss(**batch)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (fast_loss, fast_grads), (plain_loss, plain_grads) = results
-    torch.testing.assert_close(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
-    for name, grad in plain_grads.items():
-        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    with_head = FrameWorldModel(patched)
+    without = FrameWorldModel(dataclasses.replace(patched, refine=0))
+    without.load_state_dict({k: v for k, v in with_head.state_dict().items() if not k.startswith("refine_head")})
+    with torch.no_grad():
+        torch.testing.assert_close(with_head.denoise(noisy, sigma, *args), without.denoise(noisy, sigma, *args))
+        torch.nn.init.normal_(with_head.refine_head[-1].weight, std=0.05)
+        moved = (with_head.denoise(noisy, sigma, *args) - without.denoise(noisy, sigma, *args)).abs()
+    assert bool((moved.amax(dim=(0, 1)) > 0).all())  # every pixel of the 64 x 64 frame is touched
+    for bad in (0, 3):
+        with pytest.raises(ConfigError, match=f"refine_patch={bad}"):
+            dataclasses.replace(full, refine_patch=bad)
 
 
 def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
@@ -271,6 +307,8 @@ def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
         "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune",
         "cudnn_benchmark": False, "fast_kernels": False}
     assert bench.variant_options("compile+nhwc+fast")["fast_kernels"]
+    # +refine2 is a model option (the head on 2 x 2 patches), not a training field
+    assert bench.variant_options("compile+nhwc+fast+refine2") == bench.variant_options("compile+nhwc+fast")
     assert bench.variant_options("compile")["compile_mode"] == "default"
     assert bench.variant_options("channels_last+cudnn")["cudnn_benchmark"]
     for variant in bench.VARIANTS:  # every listed variant is a valid training config
@@ -881,11 +919,13 @@ def test_both_views_with_the_stop_rule_write_the_selection(updated_run):
 
 def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     run = _clone(manifest_run, manifest_run.parent / "timed")
-    # --wrist-warp reaches the wrist model's process (the controller passes it on) and its saved config
-    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu", "--wrist-warp"], run)
+    # --wrist-warp and --refine-patch reach each view's process (the controller passes them on) and its saved config
+    r = _wm(["--steps", "1000", "--max-minutes", "0.001", "--device", "cpu", "--wrist-warp", "--refine-patch", "2"], run)
     sel = json.loads((run / "train/selected_world_models.json").read_text())
     assert sel["wrist"]["reason"] == "stop requested" and 1 <= sel["wrist"]["step"] < 1000
     assert json.loads((Path(sel["wrist"]["weights"]) / "config.json").read_text())["model"]["wrist_warp"] is True
+    assert all(json.loads((Path(sel[v]["weights"]) / "config.json").read_text())["model"]["refine_patch"] == 2
+               for v in ("main", "wrist"))
     assert sel["main"]["reason"] == "stop requested" and sel["time_limit_s"] == pytest.approx(0.06)
     assert "stopped at the time limit" in r.stdout
     assert (Path(sel["wrist"]["weights"]) / "model.safetensors").is_file()
@@ -894,7 +934,8 @@ def test_a_time_limit_stops_the_wrist_model_and_main_follows(manifest_run):
     # MORE=1 trains a finished update further, only with room above where the wrist model stopped
     low = _wm(["--steps", str(sel["wrist"]["step"]), "--more", "--device", "cpu"], run, check=False)
     assert low.returncode == 2 and f"MORE=1 STEPS={2 * sel['wrist']['step']}" in low.stderr
-    more = _wm(["--steps", "1000", "--max-minutes", "0.001", "--more", "--device", "cpu", "--wrist-warp"], run)
+    more = _wm(["--steps", "1000", "--max-minutes", "0.001", "--more", "--device", "cpu", "--wrist-warp",
+                "--refine-patch", "2"], run)  # the saved architecture (another is refused: the architecture check)
     assert f"training further from main step {sel['main']['step']}, wrist step {sel['wrist']['step']}" in more.stdout
     after = json.loads((run / "train/selected_world_models.json").read_text())
     assert after["wrist"]["step"] > sel["wrist"]["step"] and after["main"]["step"] > sel["main"]["step"]

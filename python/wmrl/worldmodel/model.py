@@ -216,8 +216,9 @@ class FrameWorldModel(Pretrained, nn.Module):
         maps = (2 if cfg.pose_maps else 0) + (3 if cfg.wrist_warp else 0)
         self.unet = UNet((3 * (1 + cfg.input_frames) + maps) * pp, 3 * pp, cfg.channels, cfg.blocks_per_level, c)
         if cfg.refine > 0:  # only then: models trained without it keep their parameter names
-            self.refine_head = nn.Sequential(nn.Conv2d(9, cfg.refine, 3, padding=1), nn.SiLU(),
-                                             nn.Conv2d(cfg.refine, 3, 3, padding=1))
+            rp = cfg.refine_patch ** 2  # 1: full resolution; else r x r patches folded into channels
+            self.refine_head = nn.Sequential(nn.Conv2d(9 * rp, cfg.refine, 3, padding=1), nn.SiLU(),
+                                             nn.Conv2d(cfg.refine, 3 * rp, 3, padding=1))
             nn.init.zeros_(self.refine_head[-1].weight)
             nn.init.zeros_(self.refine_head[-1].bias)
         h = cfg.proprio_hidden
@@ -303,11 +304,15 @@ class FrameWorldModel(Pretrained, nn.Module):
             out = F.pixel_shuffle(out, self.cfg.patch)
         if self.cfg.refine > 0:  # full-resolution touch-up: sees each pixel's noise and the current frame
             h = torch.cat([out, noisy * c_in, self.current_frame(frames)], dim=1)
+            r = self.cfg.refine_patch
+            if r > 1:
+                h = F.pixel_unshuffle(h, r)
             if self.fast_kernels:
                 first, act, last = self.refine_head
-                out = out + tensor_core_conv(act(tensor_core_conv(h, first)), last)
+                touch = tensor_core_conv(act(tensor_core_conv(h, first)), last)
             else:
-                out = out + self.refine_head(h)
+                touch = self.refine_head(h)
+            out = out + (F.pixel_shuffle(touch, r) if r > 1 else touch)
         return c_skip * noisy + c_out * out
 
     def guided_denoise(self, noisy: torch.Tensor, sigma: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor,
