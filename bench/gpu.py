@@ -566,7 +566,7 @@ def phase_reward(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
     students = v.get("STUDENTS") == "1"
     pair = str(RunLayout(run).student_pair if students else RunLayout(run).model_pair)
-    kept = []
+    kept: dict[str, list[Path]] = {}  # variant -> the fidelity.json copies of its seeds
     for spec in v.get("REWARD_VARIANTS", "base: share:--generated-share+0.5+--generated-samples+2").split():
         name, _, options = spec.partition(":")
         for seed in v.get("REWARD_SEEDS", "0,1").split(","):
@@ -580,13 +580,12 @@ def phase_reward(v: dict, env: dict) -> None:
                                                            "--control-trials", v.get("CONTROL_TRIALS", "2")], env):
                 continue
             shutil.copy(Path(pair) / FIDELITY_FILE, OUT / f"fidelity_{tag}.json")
-            kept.append(OUT / f"fidelity_{tag}.json")
+            kept.setdefault(name, []).append(OUT / f"fidelity_{tag}.json")
     if kept:  # each variant's seeds also averaged (an ensemble of its rewards: same replays, same episodes)
-        means = [a for name in dict.fromkeys(k.stem.rsplit("_s", 1)[0] for k in kept)
-                 for a in ("--mean-of", ",".join(str(k) for k in kept if k.stem.rsplit("_s", 1)[0] == name))]
+        files = [str(f) for fs in kept.values() for f in fs]
+        means = [a for fs in kept.values() for a in ("--mean-of", ",".join(map(str, fs)))]
         with open(OUT / "reward_ab.md", "w") as f:
-            subprocess.run([PY, "bench/reward_ranking.py", *map(str, kept), *means], cwd=ROOT, env=env, stdout=f,
-                           check=False)
+            subprocess.run([PY, "bench/reward_ranking.py", *files, *means], cwd=ROOT, env=env, stdout=f, check=False)
 
 
 def phase_sim(v: dict, env: dict) -> None:

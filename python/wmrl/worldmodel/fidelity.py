@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from wmrl.release.pair import signal_share
-from wmrl.worldmodel.reward import balanced_accuracy, simulator_outcomes
+from wmrl.worldmodel.reward import balanced_accuracy, calibrate_episodes, simulator_outcomes
 
 HORIZONS = (1, 5, 10, 20)
 
@@ -277,8 +277,6 @@ def peak_ranking(traces: dict, frames: str = "imagined") -> dict | None:
     where it is scored; ``bench/reward_ranking.py`` also scores a threshold chosen on one half of
     the episodes on the other). An AUC below ~0.85 says no threshold can reach issue 15's bar:
     the frames or the reward must change. None unless both outcomes are among the episodes."""
-    from wmrl.worldmodel.reward import calibrate_episodes
-
     peak, real = episode_peaks_from_traces(traces, frames), torch.tensor(traces["outcome"], dtype=torch.bool)
     best = calibrate_episodes(peak, real)
     if best is None:
