@@ -60,10 +60,19 @@ def _apt_install(*packages: str) -> None:
             raise Unavailable(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-200:]}")
 
 
+TOOLS = (("dockerd", "docker.io"), ("debootstrap", "debootstrap"))
+
+
 def ensure_tools() -> None:
-    missing = [pkg for tool, pkg in (("dockerd", "docker.io"), ("debootstrap", "debootstrap")) if not shutil.which(tool)]
+    """dockerd and debootstrap on PATH, installed with apt where missing; Unavailable (the tests
+    skip with the reason) where they still cannot be found, e.g. installed outside this PATH."""
+    missing = [pkg for tool, pkg in TOOLS if not shutil.which(tool)]
     if missing:
         _apt_install(*missing)
+    absent = [tool for tool, _ in TOOLS if not shutil.which(tool)]
+    if absent:
+        raise Unavailable(f"{', '.join(absent)} not on PATH after installing {', '.join(missing)} "
+                          f"(PATH={os.environ.get('PATH', '')}): add its folder, e.g. /usr/sbin, to PATH")
 
 
 @dataclass
