@@ -69,7 +69,7 @@ returns only a few files).
                                TRIALS=8]   (the reward's threshold closed loop, make wm-calibrate; then GRPO with
                                THRESHOLDS=closed-loop: unpack+wm+distill+calibrate+grpo ...)
     python3 bench/gpu.py reward RUN=runs/h200 [REWARD_VARIANTS="base: share:--generated-share+0.5+--generated-samples+2"
-                               REWARD_SEEDS=0,1 STUDENTS=1 CONTROL_TRIALS=2]   (reward variants on RUN's finished
+                               REWARD_SEEDS=0,1 STUDENTS=1 CONTROL_TRIALS=2 KEEP_FIRST=1]   (reward variants on RUN's finished
                                pair, each seed trained, packaged and evaluated; OUT/fidelity_<variant>_s<seed>.json
                                and bench/reward_ranking.py's table of them, OUT/reward_ab.md; after wm: unpack+wm+reward)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
@@ -562,7 +562,9 @@ def phase_reward(v: dict, env: dict) -> None:
     variant's seeds also averaged (OUT/reward_ab.md).
     REWARD_VARIANTS="base: share:--generated-share 0.5 --generated-samples 2" (name:options, space
     between variants; options in one word each, "+" for a space: share:--generated-share+0.5).
-    STUDENTS=1: the students' reward and pair (after distill). The last variant's reward stays in the pair."""
+    STUDENTS=1: the students' reward and pair (after distill). The last variant's reward stays in the pair.
+    KEEP_FIRST=1: the pair's evaluation as the phase finds it (the wm or distill phase's: the default
+    reward, seed 0) stands for a variant without options at seed 0, not trained again (~80 s an H100)."""
     run = v.get("RUN", "runs/h200")
     students = v.get("STUDENTS") == "1"
     pair = str(RunLayout(run).student_pair if students else RunLayout(run).model_pair)
@@ -571,6 +573,10 @@ def phase_reward(v: dict, env: dict) -> None:
         name, _, options = spec.partition(":")
         for seed in v.get("REWARD_SEEDS", "0,1").split(","):
             tag = f"{name}_s{seed}"
+            if v.get("KEEP_FIRST") == "1" and not options and seed == "0" and (Path(pair) / FIDELITY_FILE).exists():
+                shutil.copy(Path(pair) / FIDELITY_FILE, OUT / f"fidelity_{tag}.json")
+                kept.setdefault(name, []).append(OUT / f"fidelity_{tag}.json")
+                continue
             if stage(f"wm_reward_{tag}", "wm_reward.py", ["--run", run, "--no-progress", "--overwrite", "--seed", seed,
                                                           *(["--students"] if students else []),
                                                           *options.replace("+", " ").split()], env) or \
