@@ -569,12 +569,16 @@ def phase_reward(v: dict, env: dict) -> None:
     students = v.get("STUDENTS") == "1"
     pair = str(RunLayout(run).student_pair if students else RunLayout(run).model_pair)
     kept: dict[str, list[Path]] = {}  # variant -> the fidelity.json copies of its seeds
+    first = OUT / "fidelity_as_found.json"  # taken before any variant overwrites it
+    if v.get("KEEP_FIRST") == "1" and (Path(pair) / FIDELITY_FILE).exists():
+        OUT.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(pair) / FIDELITY_FILE, first)
     for spec in v.get("REWARD_VARIANTS", "base: share:--generated-share+0.5+--generated-samples+2").split():
         name, _, options = spec.partition(":")
         for seed in v.get("REWARD_SEEDS", "0,1").split(","):
             tag = f"{name}_s{seed}"
-            if v.get("KEEP_FIRST") == "1" and not options and seed == "0" and (Path(pair) / FIDELITY_FILE).exists():
-                shutil.copy(Path(pair) / FIDELITY_FILE, OUT / f"fidelity_{tag}.json")
+            if v.get("KEEP_FIRST") == "1" and not options and seed == "0" and first.exists():
+                first.rename(OUT / f"fidelity_{tag}.json")
                 kept.setdefault(name, []).append(OUT / f"fidelity_{tag}.json")
                 continue
             if stage(f"wm_reward_{tag}", "wm_reward.py", ["--run", run, "--no-progress", "--overwrite", "--seed", seed,
