@@ -654,6 +654,38 @@ def test_proprio_motion_composes_the_chunks_motion_and_learns_across_the_flip():
         override(TINY.main, proprio_motion=True, proprio_dim=7)
 
 
+def test_the_proprio_unroll_bench_chains_chunks_of_one_episode_and_starts_as_todays_loss(trajectories):
+    """bench/proprio_unroll.py: its windows are runs of consecutive chunks inside one episode; one
+    chunk unrolled is the model's own proprio loss, and longer unrolls keep the gradient; the
+    open-loop error comes at the horizons wm_eval reports."""
+    import importlib.util
+
+    from wmrl.config import override
+    from wmrl.worldmodel.data import proprio_stats
+
+    spec = importlib.util.spec_from_file_location("proprio_unroll", REPO / "bench/proprio_unroll.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = override(TINY.main, proprio_motion=True, action_history=1)
+    t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=1)
+    win = bench.windows(t, 3)
+    assert len(win) and len(win) < t.size
+    assert (t.previous[win[:, 1]] == win[:, 0]).all() and (t.previous[win[:, 2]] == win[:, 1]).all()
+    assert len(bench.windows(t, 1)) == t.size
+    torch.manual_seed(0)
+    model = FrameWorldModel(cfg)
+    model.set_proprio_stats(proprio_stats(t))
+    p = model.normalize_proprio(t.proprio.float())
+    one = bench.windows(t, 1)[:16]
+    idx = one[:, 0]
+    want = model.proprio_loss(t.actions_of(idx), p[t.context[idx, -1]], p[t.next[idx]])
+    torch.testing.assert_close(bench.unrolled_loss(model, t, one, p), want)
+    assert bench.unrolled_loss(model, t, win[:16], p).requires_grad
+    ep = _episodes(trajectories[0], "new")[0]
+    errors = bench.open_loop_error(model, [ep], 1)
+    assert set(errors) <= {"1", "5", "10", "20"} and all(e >= 0 for e in errors.values())
+
+
 def test_action_history_carries_the_previous_chunks_in_training_keyframes_and_imagination(trajectories):
     """action_history=1: a transition's actions are the previous chunk's (zeros at an episode's
     start), then its own; keyframes store the chunk before them; in imagination the model reads
