@@ -569,8 +569,11 @@ def phase_reward(v: dict, env: dict) -> None:
     students = v.get("STUDENTS") == "1"
     pair = str(RunLayout(run).student_pair if students else RunLayout(run).model_pair)
     kept: dict[str, list[Path]] = {}  # variant -> the fidelity.json copies of its seeds
-    first = OUT / "fidelity_as_found.json"  # taken before any variant overwrites it
+    first = OUT / "fidelity_as_found.json"  # taken before any variant overwrites it (never an older run's)
+    first.unlink(missing_ok=True)
     if v.get("KEEP_FIRST") == "1" and (Path(pair) / FIDELITY_FILE).exists():
+        if v.get("REWARD_ARGS"):
+            sys.exit("KEEP_FIRST=1: the pair's evaluation was made with REWARD_ARGS, not the default reward; drop one")
         OUT.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(pair) / FIDELITY_FILE, first)
     for spec in v.get("REWARD_VARIANTS", "base: share:--generated-share+0.5+--generated-samples+2").split():
