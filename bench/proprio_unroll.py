@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from wmrl.config import WorldModelConfig  # noqa: E402
+from wmrl.config import ConfigError, WorldModelConfig  # noqa: E402
 from wmrl.worldmodel.data import Transitions, episodes_under, proprio_stats  # noqa: E402
 from wmrl.worldmodel.fidelity import HORIZONS, eef_distance_mm  # noqa: E402
 from wmrl.worldmodel.model import FrameWorldModel  # noqa: E402
@@ -109,7 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--val-ratio", type=float, default=0.3)
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
-    episodes = episodes_under(Path(args.data), 8, 10**9)
+    unrolls = [int(k) for k in args.unroll.split(",")]
+    if min(unrolls) < 1 or not 0 < args.val_ratio < 1 or args.steps < 1:
+        ap.error("--unroll takes chunk counts of 1 or more, --val-ratio a fraction in (0, 1), --steps 1 or more")
+    try:
+        episodes = episodes_under(Path(args.data), 8, 10**9)
+    except ConfigError as e:
+        ap.error(str(e))
+    if len(episodes) < 2:
+        ap.error(f"{args.data} holds {len(episodes)} episode(s): record more (some to train on, some to hold out)")
     cut = max(1, round(len(episodes) * args.val_ratio))
     val, train_eps = episodes[:cut], episodes[cut:]  # episodes_under interleaves tasks: each half has every task
     cfg = WorldModelConfig(image_size=int(train_eps[0].main.shape[1]), channels=(8, 16), cond_dim=32, patch=1, refine=0,
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             if h < len(raw):
                 held.setdefault(h, []).append(float(eef_distance_mm(raw[:1], raw[h:h + 1])))
     rows = [{"unroll": "start held", "seed": "-", "eef_error_mm": {str(h): round(sum(v) / len(v), 1) for h, v in held.items()}}]
-    for k in map(int, args.unroll.split(",")):
+    for k in unrolls:
         for seed in map(int, args.seeds.split(",")):
             t0 = time.perf_counter()
             model = train(t, dataclasses.replace(cfg), k, args.steps, args.batch, args.lr, seed)
