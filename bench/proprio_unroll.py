@@ -19,7 +19,6 @@ Only the proprio head learns (the frames play no part in it), so a CPU answers i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", required=True, help="a folder of recorded HDF5 episodes (make collect, collect_demos.py)")
     ap.add_argument("--unroll", default="1,4", help="chunks unrolled in training, one run each (1: today's loss)")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--hidden", type=int, default=256, help="proprio_hidden (the default profile's: 256)")
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     for k in unrolls:
         for seed in map(int, args.seeds.split(",")):
             t0 = time.perf_counter()
-            model = train(t, dataclasses.replace(cfg), k, args.steps, args.batch, args.lr, seed)
+            model = train(t, cfg, k, args.steps, args.batch, args.lr, seed)
             row = {"unroll": k, "seed": seed, "eef_error_mm": open_loop_error(model, val, args.history),
                    "train_s": round(time.perf_counter() - t0, 1)}
             rows.append(row)
