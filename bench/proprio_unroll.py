@@ -67,10 +67,9 @@ def open_loop_error(model: FrameWorldModel, episodes, history: int) -> dict[str,
     for ep in episodes:
         raw = torch.from_numpy(ep.proprio).float()
         pose = model.normalize_proprio(raw[:1])
-        acts = torch.from_numpy(ep.actions).float()
-        for k in range(len(acts)):
-            past = [acts[k - j] if k - j >= 0 else torch.zeros_like(acts[0]) for j in range(history, 0, -1)]
-            pose = model.next_proprio(torch.cat([*past, acts[k]])[None], pose)
+        chunks = Transitions([ep], model.cfg.context, action_history=history)  # its chunks in order, with their history
+        for k in range(chunks.size):
+            pose = model.next_proprio(chunks.actions_of(torch.tensor([k])), pose)
             if k + 1 in errs:
                 errs[k + 1].append(float(eef_distance_mm(model.unnormalize_proprio(pose), raw[k + 1:k + 2])))
     return {str(h): round(sum(v) / len(v), 1) for h, v in errs.items() if v}

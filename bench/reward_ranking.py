@@ -77,15 +77,18 @@ def mean_of(paths: list[Path]) -> dict:
             "reward_traces": {**t0, "imagined": average("imagined"), "real": average("real")}}
 
 
+def pair_name(path: Path) -> str:
+    """A pair's own file by its folder; a kept copy (bench/gpu.py reward: fidelity_<variant>_s<seed>.json) by its name."""
+    return str(path.parent) if path.name == "fidelity.json" else path.stem
+
+
 def row(path: Path, d: dict | None = None, name: str | None = None) -> list[str]:
     """One table row for ``path``'s fidelity.json (or ``d``, e.g. ``mean_of``'s, named ``name``)."""
     from wmrl.worldmodel.fidelity import peak_ranking
 
     d = load(path) if d is None else d
     a = d.get("agreement") or {}
-    # a pair's own file by its folder; a kept copy (bench/gpu.py reward: fidelity_<variant>_s<seed>.json) by its name
-    name = name or (str(path.parent) if path.name == "fidelity.json" else path.stem)
-    cells = [name, str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
+    cells = [name or pair_name(path), str(a.get("episodes", "?")), str(a.get("real_successes", "?")),
              str(a.get("balanced_accuracy", "-"))]
     for frames in ("imagined", "real"):
         r = peak_ranking(d["reward_traces"], frames)
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     for g in groups:  # the calibrated agreement has no meaning for an average: "-"
         print("| " + " | ".join(row(g[0], mean_of(g), "mean of " + " + ".join(x.stem for x in g))) + " |")
     if args.plot:
-        labels = args.labels.split(",") if args.labels else [row(p)[0] for p in args.fidelity]
+        labels = args.labels.split(",") if args.labels else [pair_name(p) for p in args.fidelity]
         if len(labels) != len(args.fidelity):
             raise SystemExit(f"error: --labels names {len(labels)} pairs, {len(args.fidelity)} files given")
         print(f"[reward-ranking] {roc_plot(args.fidelity, labels, args.plot)}")
