@@ -21,6 +21,18 @@ def pick_device(device: str = "auto", local_rank: int = 0):
     return torch.device(device)
 
 
+def before_process_group() -> None:
+    """Call right before a process group is made (torch.distributed or DeepSpeed).
+
+    ``torch._dynamo``, imported lazily by the first optimizer or ``torch.compile``, takes
+    references to the default process group when one exists already. They outlive
+    ``destroy_process_group``, so the group and its gloo threads live on into interpreter
+    shutdown, where now and then one of them aborts the finished process ("terminate called
+    without an active exception": the two-rank GRPO test, about 1 run in 30 on a loaded
+    2-core machine). Imported before the group exists it takes none."""
+    import torch._dynamo  # noqa: F401
+
+
 def free_port(count: int = 1) -> int:
     """A local TCP port (the first of ``count`` consecutive ones) that nothing listens on now:
     for process groups, instead of fixed ports that another job may hold."""

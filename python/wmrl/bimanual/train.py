@@ -339,6 +339,9 @@ def _init_deepspeed(cfg: StageConfig):
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(k, v)
     if not torch.distributed.is_initialized():
+        from wmrl.device import before_process_group
+
+        before_process_group()
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

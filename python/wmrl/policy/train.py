@@ -240,8 +240,11 @@ def init_state(job: SFTJob) -> SFTState | dict:
     if world > 1:
         import torch.distributed as dist
 
+        from wmrl.device import before_process_group
+
         if use_cuda:
             torch.cuda.set_device(device)
+        before_process_group()
         dist.init_process_group("nccl" if use_cuda else "gloo")
     if sc.batch_size % world:
         raise ConfigError(f"batch size {sc.batch_size} must be divisible by the number of processes ({world})")

@@ -35,15 +35,17 @@ def init(device: torch.device) -> None:
         return
     import torch.distributed as dist
 
+    from wmrl.device import before_process_group
+
+    before_process_group()  # or the group outlives close() and can abort the process at exit
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=3))
 
 
 def close() -> None:
-    """Leave the process group together: a rank that tears gloo down while another still holds
-    its connections can abort ("terminate called without an active exception"; seen 1 in 4
-    runs of the two-rank test), so every rank waits for the others first."""
+    """Leave the process group together: every rank waits for the others before it tears its
+    connections down (see also ``wmrl.device.before_process_group``)."""
     if world()[1] > 1:
         import torch.distributed as dist
 

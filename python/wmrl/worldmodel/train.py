@@ -34,7 +34,7 @@ import torch
 
 from wmrl import rng
 from wmrl.config import ConfigError, WMTrainConfig, WorldModelConfig
-from wmrl.device import free_port, pick_device
+from wmrl.device import before_process_group, free_port, pick_device
 from wmrl.fileio import hash_tree, sha256_file, write_json
 from wmrl.layout import RunLayout, step_name
 from wmrl.logs import MetricsLog
@@ -100,6 +100,7 @@ def init_distributed(on_gpu: bool) -> tuple[int, int]:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
+    before_process_group()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
