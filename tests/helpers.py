@@ -37,3 +37,14 @@ def child_env(**extra) -> dict:
     for k in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(k, None)
     return env
+
+
+def load_script(rel_path: str):
+    """A script of the repository (``bench/x.py``) as a module, for tests of its functions."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / rel_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

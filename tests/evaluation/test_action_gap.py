@@ -1,6 +1,5 @@
 """The policy's actions on imagined against real frames (wmrl.evaluation.action_gap) and its bench script."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,9 +7,8 @@ import pytest
 from wmrl.config import ConfigError
 from wmrl.evaluation.action_gap import action_gap, table
 
+from tests.helpers import load_script
 from tests.rl.conftest import pair_run, sft_run  # noqa: F401  (fixtures)
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _episodes_and_roll(run: Path):
@@ -60,9 +58,7 @@ def test_frames_that_copy_the_real_ones_leave_no_gap_and_the_held_start_does(pai
 
 
 def test_the_bench_script_measures_a_pair_and_refuses_bad_input(pair_run, tmp_path):  # noqa: F811
-    spec = importlib.util.spec_from_file_location("action_gap_bench", ROOT / "bench" / "action_gap.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/action_gap.py")
     out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--episodes", "2", "--horizon", "2",
                       "--device", "cpu", "--json", str(tmp_path / "gap.json")])
     assert out["horizons"]["1"]["episodes"] >= 1 and json.loads((tmp_path / "gap.json").read_text())["policy"] == "sft/10@ode"
@@ -113,9 +109,7 @@ def test_corruptions_do_what_they_say():
 
 
 def test_view_sensitivity_reads_recorded_episodes_and_refuses_bad_input(pair_run, tmp_path):  # noqa: F811
-    spec = importlib.util.spec_from_file_location("view_sensitivity", ROOT / "bench" / "view_sensitivity.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/view_sensitivity.py")
     data = sorted(Path(pair_run).rglob("*.hdf5"))[0].parent
     out = bench.main(["--run", str(pair_run), "--policy", "sft/10@ode", "--data", str(data), "--episodes", "2",
                       "--corruptions", "none,late:1,warp:1", "--device", "cpu", "--json", str(tmp_path / "s.json"),
@@ -151,9 +145,7 @@ def test_the_action_gap_at_each_guidance_scale_of_a_dropout_pair(sft_run, tmp_pa
     run = tmp_path / "dropout"
     shutil.copytree(sft_run, run)
     add_pair(run, episodes=8, action_dropout=0.1)
-    spec = importlib.util.spec_from_file_location("action_gap_bench", ROOT / "bench" / "action_gap.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/action_gap.py")
     out = bench.main(["--run", str(run), "--policy", "sft/10@ode", "--episodes", "2", "--horizon", "2",
                       "--device", "cpu", "--guidance", "1,2"])
     one, two = (out["by_guidance"][w]["horizons"]["1"] for w in ("1.0", "2.0"))

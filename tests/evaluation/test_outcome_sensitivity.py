@@ -3,22 +3,16 @@ with the objects shifted (the ceiling of the pair's agreement)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
 from wmrl.config import DemoConfig, SimConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("outcome_sensitivity", ROOT / "bench" / "outcome_sensitivity.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script("bench/outcome_sensitivity.py")
 
 
 def test_an_exact_replay_reproduces_the_recorded_outcome_and_shifts_are_reported(tmp_path, capsys):

@@ -1,6 +1,5 @@
 """bench/pair_parts.py: a model pair carried between machines in parts, each checked on the way back."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -8,14 +7,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import load_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("pair_parts", REPO / "bench" / "pair_parts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/pair_parts.py")
 
 
 def fake_pair(root: Path, name: str) -> Path:

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.helpers import child_env  # noqa: E402
+from tests.helpers import child_env, load_script  # noqa: E402
 from wmrl.config import get_profile  # noqa: E402
 from wmrl.data.manifest import ManifestError, build_manifest, load_manifest  # noqa: E402
 from wmrl.data.trajectory import TrajectoryError  # noqa: E402
@@ -276,11 +276,7 @@ def test_compile_nhwc_is_the_default_and_leaves_an_eager_run_alone():
 def test_the_speed_benchs_profile_names_each_convolution_by_its_input_shape(tmp_path):
     """bench/wm_throughput.py's profile: the operator table, and the convolutions (forward and
     backward) grouped by input shape, so a kernel that runs once per update can be told apart."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("wm_throughput", REPO / "bench" / "wm_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/wm_throughput.py")
     conv = torch.nn.Conv2d(9, 16, 3, padding=1)
     x = torch.randn(2, 9, 12, 12)
     out = bench.profile_updates(lambda: conv(x).sum().backward(), torch.device("cpu"), tmp_path / "t", updates=2)
@@ -294,15 +290,12 @@ def test_compile_mode_is_one_of_torchs_and_the_speed_bench_names_each():
     """``compile_mode`` (CUDA graphs, autotuning) is refused with the choices when unknown;
     bench/wm_throughput.py's variants map onto the training fields and refuse compile's options
     without compile, each a one-line exit before anything loads."""
-    import importlib.util
 
     from wmrl.config import ConfigError, override
 
     with pytest.raises(ConfigError, match="reduce-overhead"):
         override(TINY.train, compile_mode="fast")
-    spec = importlib.util.spec_from_file_location("wm_throughput", REPO / "bench" / "wm_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/wm_throughput.py")
     assert bench.variant_options("compile+nhwc+graphs+autotune") == {
         "channels_last": False, "compile": True, "compile_nhwc": True, "compile_mode": "max-autotune",
         "cudnn_benchmark": False, "fast_kernels": False}
@@ -658,14 +651,11 @@ def test_the_proprio_unroll_bench_chains_chunks_of_one_episode_and_starts_as_tod
     """bench/proprio_unroll.py: its windows are runs of consecutive chunks inside one episode; one
     chunk unrolled is the model's own proprio loss, and longer unrolls keep the gradient; the
     open-loop error comes at the horizons wm_eval reports."""
-    import importlib.util
 
     from wmrl.config import override
     from wmrl.worldmodel.data import proprio_stats
 
-    spec = importlib.util.spec_from_file_location("proprio_unroll", REPO / "bench/proprio_unroll.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/proprio_unroll.py")
     cfg = override(TINY.main, proprio_motion=True, action_history=1)
     t = Transitions(_episodes(trajectories[0], "new"), context=cfg.context, action_history=1)
     win = bench.windows(t, 3)
@@ -1179,16 +1169,13 @@ def test_more_replays_and_a_generated_share_put_more_of_the_pair_s_frames_in_the
     """RewardConfig.generated_samples: each training episode replayed K times, the first replay
     the one a single replay gives (same noise), the others with their own; generated_share: that
     share of each label's draws from the pair's frames, and at 0 the draws of before, bit for bit."""
-    import importlib.util
 
     from wmrl.config import ConfigError, override
     from wmrl.worldmodel.data import held_out_halves, load_split
     from wmrl.worldmodel.reward import draw, real_and_generated
 
     run, _ = updated_run
-    spec = importlib.util.spec_from_file_location("wm_reward", REPO / "python/wm_reward.py")
-    wm_reward = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wm_reward)
+    wm_reward = load_script("python/wm_reward.py")
     cfg = override(get_profile("tiny").reward, generated_horizon=3)
     _, train, val = load_split(run / "manifest.json", TINY.main.chunk_size)
     train, val = [e for e in train if e.phase == 0][:2], held_out_halves(val)[0]
@@ -1311,9 +1298,7 @@ def test_peak_ranking_separates_the_reward_s_ranking_from_its_threshold(tmp_path
     f.parent.mkdir()
     f.write_text(json.dumps({"agreement": {"episodes": 4, "real_successes": 2, "balanced_accuracy": 0.75},
                              "reward_traces": traces}))
-    spec = importlib.util.spec_from_file_location("reward_ranking", Path(__file__).parents[2] / "bench/reward_ranking.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/reward_ranking.py")
     # the middle of the tied 0.41-0.60; a threshold calibrated on any half with both outcomes also
     # separates the other half here (every success above every failure)
     assert bench.row(f)[3:7] == ["0.75", "1.00", "1.00 at 0.51", "1.00"]
@@ -1563,11 +1548,8 @@ def test_controller_hands_switches_to_each_view_as_switches(tmp_path):
     """`--compile` reaches each view's process as `--compile`, not `--compile True` (which its
     parser refuses: the H200 update failed that way), and numbers keep their values."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("wm_update_script", REPO / "python" / "wm_update.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("python/wm_update.py")
     args = argparse.Namespace(profile="tiny", run=str(tmp_path), manifest=None, ds_config=None, init_pair=None,
                               no_progress=True, compile=True, all_phases=False, steps=7, self_context=0.25)
     out = script._passthrough(args)
@@ -1656,13 +1638,10 @@ def test_wrist_warp_keeps_a_still_camera_and_moves_the_table_with_the_arm():
 
 def test_wrist_warp_bench_reads_recorded_episodes_and_refuses_bad_planes(trajectories, tmp_path):
     """bench/wrist_warp.py: held and warped PSNR per folder, the strip, one-line errors."""
-    import importlib.util
 
     from wmrl.config import ConfigError
 
-    spec = importlib.util.spec_from_file_location("wrist_warp", REPO / "bench" / "wrist_warp.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/wrist_warp.py")
     out = bench.main(["--data", str(trajectories[0].parent), "--episodes", "3", "--planes", "0.9,0.95",
                       "--strip", str(tmp_path / "s.png"), "--json", str(tmp_path / "w.json")])
     row = out["rows"][0]
@@ -1677,13 +1656,10 @@ def test_wrist_warp_bench_reads_recorded_episodes_and_refuses_bad_planes(traject
 
 def test_proprio_head_bench_trains_both_heads_and_refuses_bad_input(trajectories, tmp_path):
     """bench/proprio_head.py: both heads per seed, one chunk and open loop errors, one-line errors."""
-    import importlib.util
 
     from wmrl.config import ConfigError
 
-    spec = importlib.util.spec_from_file_location("proprio_head", REPO / "bench" / "proprio_head.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/proprio_head.py")
     out = bench.main(["--data", str(trajectories[0].parent), "--steps", "20", "--batch", "16",
                       "--json", str(tmp_path / "p.json")])
     assert [r["head"] for r in out["rows"]] == ["residual", "motion"]
