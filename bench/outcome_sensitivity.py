@@ -129,10 +129,12 @@ def replay(job: tuple[str, list[int], list[float], int, int, int]) -> list[dict]
 
 
 def balanced_agreement(truth: list[bool], guess: list[bool]) -> float | None:
-    t, g = np.array(truth), np.array(guess)
-    if t.all() or not t.any():
-        return None
-    return float((np.mean(g[t]) + np.mean(~g[~t])) / 2)
+    """The replays' outcomes against the recorded ones, scored as ``make wm-eval`` scores agreement."""
+    import torch
+
+    from wmrl.worldmodel.reward import balanced_accuracy
+
+    return balanced_accuracy(torch.tensor(guess), torch.tensor(truth))
 
 
 def summarize(rows: list[dict], shifts_mm: list[float]) -> list[dict]:
