@@ -130,6 +130,8 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
             engine.backward(loss)
             engine.step()
 
+    if on_gpu:  # each variant's own peak (a micro batch's memory decides whether it fits a smaller card)
+        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     update()  # the first update compiles (when asked): timed apart
     _sync(device)
@@ -141,6 +143,8 @@ def bench_training(prof, args, device, variant: str = "eager") -> dict:
            "gflops_per_sample": round(fps / 1e9, 2),
            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
            "precision": "bf16" if on_gpu else "fp32"}
+    if on_gpu:
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
     if args.peak_tflops:
         out["mfu"] = round(sps * fps / (args.peak_tflops * 1e12), 4)
     if args.trace:
@@ -296,7 +300,12 @@ def main() -> None:
     if not args.skip_training:
         result["training"] = []
         for variant in args.variants.split(","):
-            result["training"].append(bench_training(prof, args, device, variant))
+            try:
+                result["training"].append(bench_training(prof, args, device, variant))
+            except torch.cuda.OutOfMemoryError as e:  # a micro batch too large for this card: said, and on
+                result["training"].append({"variant": variant, "micro_batch": args.micro_batch,
+                                           "error": f"out of GPU memory: {str(e).splitlines()[0]}"})
+                torch.cuda.empty_cache()
             print("[wm-speed]", json.dumps(result["training"][-1]), flush=True)
             save()
     if not args.skip_imagination:

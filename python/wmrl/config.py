@@ -972,6 +972,10 @@ class GRPOConfig:
     eval_trials: int = 5  # fixed initial states per task at the periodic evaluations
     final_trials: int = TRIALS_PER_TASK  # at the last step: the full 10 x 50
     eval_sampler: str = "sde"  # the evaluations' sampler: sde at the policy's temperature_eval, or ode
+    # The SDE evaluations' temperature; 0: the policy's own temperature_eval (1.6, the original's).
+    # 1 evaluates with the sampler the rollouts train (temperature 1): run 11's rollouts at T = 1 rose
+    # 10.7 points in six steps while its ODE evaluation rose 5 (bench/RESULTS.md "Run 11")
+    eval_temperature: float = 0.0
     tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
     seed: int = 0
     bf16: bool = True  # autocast on GPU
@@ -1057,6 +1061,12 @@ class GRPOConfig:
                 raise ConfigError(f"grpo.{name}={getattr(self, name)}: use 1..{TRIALS_PER_TASK} fixed states per task")
         if self.eval_sampler not in EVAL_SAMPLERS:
             raise ConfigError(f"grpo.eval_sampler={self.eval_sampler!r}: choose one of {', '.join(EVAL_SAMPLERS)}")
+        if not 0.0 <= self.eval_temperature <= 10.0:
+            raise ConfigError(f"grpo.eval_temperature={self.eval_temperature}: use a value in 0..10 (0: the policy's "
+                              "own temperature_eval)")
+        if self.eval_temperature and self.eval_sampler != "sde":
+            raise ConfigError(f"grpo.eval_temperature={self.eval_temperature} is the SDE sampler's; with "
+                              f"eval_sampler={self.eval_sampler!r} leave it at 0 (or evaluate with eval_sampler=sde)")
         if self.rollout_physics not in ("", *PHYSICS_LOOPS):
             raise ConfigError(f"grpo.rollout_physics={self.rollout_physics!r}: choose from {', '.join(PHYSICS_LOOPS)} "
                               "or '' (the evaluations' loop)")

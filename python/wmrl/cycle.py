@@ -255,7 +255,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
         # GRPO's step 0 reuses this evaluation (same weights, sampler and trials) instead of running its own
         Stage("evaluate_start", "train", (
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--sampler", grpo.eval_sampler,
-            "--trials", str(grpo.final_trials), "--no-progress", *opt("--workers", workers_beside_training(job.workers))),
+            *opt("--temperature", grpo.eval_temperature or None), "--trials", str(grpo.final_trials), "--no-progress",
+            *opt("--workers", workers_beside_training(job.workers))),
             (start,) if start else (), gpu=True, skip_if=start, verify=False, background=True),
         Stage("wm_update", "wm", (
             "python/wm_update.py", *prof, "--run", str(c), "--no-progress",

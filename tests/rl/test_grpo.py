@@ -737,8 +737,14 @@ def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episode
 # ------------------------------------------------------------------------------ the real simulator
 @pytest.mark.slow
 def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair):
-    out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True))
+    from wmrl.layout import RunLayout
+
+    # evaluated with the SDE at the rollouts' temperature (1), not the policy's own (1.6)
+    out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True, eval_temperature=1.0))
     assert [e[0] for e in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
+    for step in (0, 1):
+        settings = json.loads(RunLayout(run_with_pair).evidence(step).read_text())["settings"]
+        assert (settings["sampler"], settings["temperature"]) == ("sde", 1.0)
     rolls = [json.loads(line) for line in (run_with_pair / "grpo/rollouts.jsonl").read_text().splitlines()]
     outcomes = rolls[0]["outcomes"]
     assert len(outcomes) == 4 and all(o["start"] == "train" for o in outcomes)  # never a fixed evaluation state
@@ -781,6 +787,7 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     temperature = 2.0
     write("abc", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # the SDE at another temperature
+    assert grpo.origin_evidence(step0, "sde", temperature=2.0) == ev  # unless GRPO evaluates at that one
 
 
 def test_the_task_window_slides_by_one_task_per_step():

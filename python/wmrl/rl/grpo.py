@@ -752,7 +752,7 @@ def main(job: GRPOJob) -> dict:
         if kind == "sft" and main_rank:  # step 0: the supervised policy, with its lineage, and its real success
             save(0, full=True)
             done = origin_evidence(layout.checkpoint(0), cfg.eval_sampler, trials=cfg.final_trials * len(job.eval_tasks),
-                                   seed=job.eval_seed)
+                                   seed=job.eval_seed, temperature=cfg.eval_temperature)
             if job.eval_first and done:
                 say(f"[grpo] step 0 was evaluated as the supervised checkpoint it copies (same weights, sampler and "
                     f"trials): {done}")
@@ -839,10 +839,12 @@ def evaluate_saved(job: GRPOJob, info: ck.CheckpointInfo) -> dict:
     return {"step": info.step, "start": info.step, "evaluations": evaluator.history(), "curves": str(png) if png else None}
 
 
-def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: int | None = None) -> Path | None:
+def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: int | None = None,
+                    temperature: float = 0.0) -> Path | None:
     """GRPO step 0 is a copy of a supervised checkpoint; the evaluation of that checkpoint in
-    the run that trained it (same weights by SHA-256, same sampler; ``trials`` episodes and
-    evaluation ``seed``, if given), if there is one."""
+    the run that trained it (same weights by SHA-256, same sampler and, for the SDE, temperature:
+    ``temperature``, or the checkpoint's own where 0; ``trials`` episodes and evaluation ``seed``,
+    if given), if there is one."""
     import json
 
     from wmrl.layout import parse_step_name
@@ -864,8 +866,8 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
         return None
     same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
         settings.get("sampler") == sampler
-    if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own)
-        same = same and settings.get("temperature") == policy.temperature_eval
+    if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own unless told)
+        same = same and settings.get("temperature") == (temperature or policy.temperature_eval)
     return ev if same else None
 
 
@@ -900,10 +902,13 @@ class Evaluator:
         info = ck.resolve(job.run, step, "policy")
         sha = sha256_file(info.path / "model.safetensors")
         evidence = layout.evidence(step)
-        if evidence.exists():  # a rerun after a kill: the same weights were evaluated already
+        sampler, temperature = job.cfg.eval_sampler, job.cfg.eval_temperature or model.cfg.temperature_eval
+        if evidence.exists():  # a rerun after a kill: the same weights were evaluated already, the same way
             old = json.loads(evidence.read_text())
-            if old.get("settings", {}).get("checkpoint", {}).get("model_sha256") == sha and \
-                    old["summary"]["trials"] == trials * len(job.eval_tasks):
+            settings = old.get("settings", {})
+            if settings.get("checkpoint", {}).get("model_sha256") == sha and \
+                    old["summary"]["trials"] == trials * len(job.eval_tasks) and settings.get("sampler") == sampler and \
+                    (sampler == "ode" or settings.get("temperature") == temperature):
                 return old["summary"]
         if next(model.parameters()).is_cuda:
             # the renderers (EGL) take their framebuffers from the GPU that the rollouts' and the
@@ -914,10 +919,10 @@ class Evaluator:
             self.pool = SimulatorPool(job.sim, job.workers or _cores(), policy_id="grpo-eval",
                                       max_envs=job.envs_per_worker)
             self.own = True
-        sampler = job.cfg.eval_sampler
         runner = PolicyRunner.from_model(model, norm, lang, step=step, image_size=image_size,
                                          path=info.path, device=str(next(model.parameters()).device),
-                                         seed=job.eval_seed, model_sha256=sha, eval_sampler=sampler)
+                                         seed=job.eval_seed, model_sha256=sha, eval_sampler=sampler,
+                                         temperature_eval=temperature)
         cfg = EvalConfig(tasks=job.eval_tasks, trials=min(trials, TRIALS_PER_TASK), workers=self.pool.num_workers,
                          seed=job.eval_seed)
         result = evaluate(runner, sim=job.sim, cfg=cfg, out_dir=layout.eval_dir(step), policy_id=runner.policy_id,
@@ -925,7 +930,8 @@ class Evaluator:
         publish(job.run, info, result.results, harness_results=result.results_path)
         s = result.summary
         print(f"[grpo] step {step}: real success {s['successes']}/{s['trials']} = {100 * s['success_rate']:.1f}% "
-              f"({sampler}; evidence {evidence}); {format_throughput(result.results['throughput_this_run'])}", flush=True)
+              f"({sampler}{f' T={temperature:g}' if sampler == 'sde' else ''}; evidence {evidence}); "
+              f"{format_throughput(result.results['throughput_this_run'])}", flush=True)
         return s
 
     def history(self) -> list[tuple[int, float, int, str]]:
@@ -941,7 +947,7 @@ class Evaluator:
         for step in sorted(paths.keys() | (evidenced - {None})):
             ev = layout.evidence(step)
             if not ev.exists() and step == 0 and 0 in paths:  # evaluated in the run that trained it
-                ev = origin_evidence(paths[0], self.job.cfg.eval_sampler) or ev
+                ev = origin_evidence(paths[0], self.job.cfg.eval_sampler, temperature=self.job.cfg.eval_temperature) or ev
             if ev.exists():
                 result = json.loads(ev.read_text())
                 s = result["summary"]
