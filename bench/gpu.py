@@ -95,11 +95,14 @@ What the calls carry (.offline/py312, .offline/wm312, .offline/policy, .gl) is i
 does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it (a few minutes).
 
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
-the tree is replaced at every call): the first call carries .offline/py312, .offline/policy and
-.gl, prepares, copies the tree to /root/tree (``runs`` linked to /root/runs) and starts the whole
-chain there with BACKGROUND=1; the second, made at once, carries .offline/wm312 and runs
-``bash bench/prepare_gpu.sh`` (DeepSpeed is in place long before the chain's wm_update), then
-``cd /root/tree && python3 bench/gpu.py wait``; each later call waits and brings the files back.
+the tree is replaced at every call; .offline/py312 with .offline/policy and the tree is ~66 MiB,
+one call too many): the first call carries .offline/py312 and .gl, prepares and copies the tree to
+/root/tree (``runs`` linked to /root/runs); the second, made at once, carries .offline/wm312 and
+.offline/policy, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
+and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
+``python3 bench/gpu.py wait``; each later call waits and brings the files back. A measurement of
+the world models' speed alone needs one call: carry .offline/wm312, ``pip install --no-index
+--target /tmp/wm .offline/wm312/*.whl``, ``PYTHONPATH=/tmp/wm:python python3 bench/wm_throughput.py``.
 """
 
 from __future__ import annotations
