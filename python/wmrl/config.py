@@ -973,8 +973,8 @@ class GRPOConfig:
     final_trials: int = TRIALS_PER_TASK  # at the last step: the full 10 x 50
     eval_sampler: str = "sde"  # the evaluations' sampler: sde at the policy's temperature_eval, or ode
     # The SDE evaluations' temperature; 0: the policy's own temperature_eval (1.6, the original's).
-    # 1 evaluates with the sampler the rollouts train (temperature 1): run 11's rollouts at T = 1 rose
-    # 10.7 points in six steps while its ODE evaluation rose 5 (bench/RESULTS.md "Run 11")
+    # 1 evaluates the sampler the rollouts train (temperature 1), which GRPO improves directly
+    # (the ODE and T = 1.6 evaluations are other samplers of the same weights)
     eval_temperature: float = 0.0
     tasks: tuple[int, ...] = tuple(range(NUM_SPATIAL_TASKS))
     seed: int = 0
