@@ -52,7 +52,13 @@ def test_grpo_success_chunks_and_gradient_agreement_interval_are_validated():
     assert cfg.world_noise == "group" and override(cfg, world_noise="rollout").world_noise == "rollout"
     with pytest.raises(ConfigError, match="world_noise='episode'"):
         override(cfg, world_noise="episode")
-    assert override(cfg, eval_temperature=1.0).eval_temperature == 1.0
+
+
+def test_grpo_eval_temperature_is_the_sdes_and_is_validated():
+    from wmrl.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    assert cfg.eval_temperature == 0.0 and override(cfg, eval_temperature=1.0).eval_temperature == 1.0
     with pytest.raises(ConfigError, match="the SDE sampler's"):
         override(cfg, eval_sampler="ode", eval_temperature=1.0)
     with pytest.raises(ConfigError, match="0..10"):

@@ -596,8 +596,9 @@ class WMTrainConfig:
     # replace at micro batch 4,096 (bench/RESULTS.md "Training MFU by micro batch"). Measured under
     # compile+NHWC (H100, micro batch 4,096): 8,871 -> 9,264 samples/s, MFU 27.6% -> 28.8%, the
     # scatter and the padding kernels gone from the profile (bench/RESULTS.md "The fast kernels on
-    # an H100"); on an H200 9,578 -> 10,192-10,337, MFU 29.8% -> 31.7-32.2% ("... on an H200"). On in the GPU's ("default")
-    # profile; off here because eager on a CPU the zero channels are only more work
+    # an H100"); on an H200 9,578 -> 10,192-10,337, MFU 29.8% -> 31.7-32.2% ("... on an H200").
+    # On in the GPU's ("default") profile; off here because eager on a CPU the zero channels are
+    # only more work
     fast_kernels: bool = False
     # torch.compile's mode for the loss. "reduce-overhead" replays the update's kernels as CUDA
     # graphs (at micro batch 256 the H200 still waits on kernel launches: 1,024 trains 1.4-1.7x the
