@@ -205,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     if exact["flipped"] > 0:
         print(f"note: {exact['flipped']:.1%} of the exact replays changed outcome: the replay itself is not exact "
               f"(physics loop or settle differ from the recording)")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "summary": summary, "episodes": rows},
-                                             indent=1))
+    if args.out:  # atomically (temp file + rename), as the kit writes its JSON
+        from wmrl.fileio import write_json
+
+        write_json(args.out, {"command": " ".join(sys.argv), "summary": summary, "episodes": rows})
     return 0
 
 
