@@ -96,7 +96,7 @@ does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it 
 
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
 the tree is replaced at every call; .offline/py312 with .offline/policy and the tree is ~66 MiB,
-one call too many): the first call carries .offline/py312 and .gl, prepares and copies the tree to
+too much for one call): the first call carries .offline/py312 and .gl, prepares and copies the tree to
 /root/tree (``runs`` linked to /root/runs); the second, made at once, carries .offline/wm312 and
 .offline/policy, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
 and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
