@@ -380,8 +380,9 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     cks = ck.list_checkpoints(run_with_pair, "policy")
     assert [(c.step, c.full) for c in cks] == [(0, True), (1, False), (2, True), (3, False), (4, True)]
     assert [e[0] for e in out["evaluations"]] == [1, 2, 3, 4]  # step 0 not evaluated (eval_first off)
-    assert all(e[3] in ("sde", "ode") for e in out["evaluations"])  # the sampler: one line each in the curves
     ev = json.loads((run_with_pair / "evidence/evaluations/global_step_4.json").read_text())
+    # the sampler and its temperature label each evaluation: one line each in the curves
+    assert {e[3] for e in out["evaluations"]} == {f"sde T={ev['settings']['temperature']:g}"}
     assert ev["summary"]["trials"] == 1 and ev["episodes"][0]["init_index"] == 0  # a fixed evaluation state
     assert ev["settings"]["checkpoint"]["step"] == 4 and ev["settings"]["sampler"] == "sde"
     log = [json.loads(line) for line in (run_with_pair / "logs/grpo.jsonl").read_text().splitlines()]
@@ -742,6 +743,7 @@ def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair)
     # evaluated with the SDE at the rollouts' temperature (1), not the policy's own (1.6)
     out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True, eval_temperature=1.0))
     assert [e[0] for e in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
+    assert {e[3] for e in out["evaluations"]} == {"sde T=1"}
     for step in (0, 1):
         settings = json.loads(RunLayout(run_with_pair).evidence(step).read_text())["settings"]
         assert (settings["sampler"], settings["temperature"]) == ("sde", 1.0)
@@ -788,6 +790,13 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     write("abc", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # the SDE at another temperature
     assert grpo.origin_evidence(step0, "sde", temperature=2.0) == ev  # unless GRPO evaluates at that one
+
+
+def test_an_evaluations_label_names_the_sdes_temperature():
+    assert grpo.sampler_label({"sampler": "sde", "temperature": 1.0}) == "sde T=1"
+    assert grpo.sampler_label({"sampler": "sde", "temperature": 1.6}) == "sde T=1.6"
+    assert grpo.sampler_label({"sampler": "ode", "temperature": 1.6}) == "ode"  # deterministic: no temperature
+    assert grpo.sampler_label({"sampler": "sde"}) == "sde"  # an evaluation that recorded none
 
 
 def test_the_task_window_slides_by_one_task_per_step():

@@ -871,6 +871,13 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
     return ev if same else None
 
 
+def sampler_label(settings: dict) -> str:
+    """An evaluation's sampler as a reader compares them: "ode", or "sde T=1.6" (the SDE's success
+    moves with its temperature, ~10 points between 1 and 1.6)."""
+    sampler, temperature = settings.get("sampler", ""), settings.get("temperature")
+    return f"{sampler} T={temperature:g}" if sampler == "sde" and temperature is not None else sampler
+
+
 def _cores() -> int:
     from wmrl.config import default_workers
 
@@ -930,12 +937,12 @@ class Evaluator:
         publish(job.run, info, result.results, harness_results=result.results_path)
         s = result.summary
         print(f"[grpo] step {step}: real success {s['successes']}/{s['trials']} = {100 * s['success_rate']:.1f}% "
-              f"({sampler}{f' T={temperature:g}' if sampler == 'sde' else ''}; evidence {evidence}); "
+              f"({sampler_label({'sampler': sampler, 'temperature': temperature})}; evidence {evidence}); "
               f"{format_throughput(result.results['throughput_this_run'])}", flush=True)
         return s
 
     def history(self) -> list[tuple[int, float, int, str]]:
-        """(step, success rate, trials, sampler) of every evaluation in the run so far."""
+        """(step, success rate, trials, sampler label) of every evaluation in the run so far."""
         import json
 
         from wmrl.layout import parse_step_name
@@ -951,7 +958,7 @@ class Evaluator:
             if ev.exists():
                 result = json.loads(ev.read_text())
                 s = result["summary"]
-                out.append((step, s["success_rate"], s["trials"], result.get("settings", {}).get("sampler", "")))
+                out.append((step, s["success_rate"], s["trials"], sampler_label(result.get("settings", {}))))
         return out
 
     def close(self) -> None:
