@@ -53,7 +53,7 @@ help:
 	@echo "make demo       the whole cycle at toy scale on CPU: demos -> SFT -> collect -> world models -> pair -> GRPO -> report"
 	@echo "make test       the test suite, its groups side by side (TESTS=tests/sim for a subset, TEST_JOBS=1 one at a time)"
 	@echo "make demos      scripted-expert demonstrations (TASKS EPISODES OUT)"
-	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN]: a policy checkpoint)"
+	@echo "make eval       real-simulator evaluation (POLICY=expert|random TRIALS TASKS OUT; CKPT=N [RUN SAMPLER=sde|ode TEMPERATURE]: a policy checkpoint)"
 	@echo "make sft        supervised policy training on RUN/demos (DATA STEPS GPUS=0,1 SEED); rerun to resume"
 	@echo "make collect    the current policy in the real simulator, success and failure kept (CKPT EPISODES TASKS EXTRA_TEMPERATURES)"
 	@echo "make grpo       GRPO to TARGET=M (ENV=sim|wm, RESUME=N, PAIR=dir, FROM=run); rerun to resume"
@@ -114,7 +114,8 @@ demos: setup
 
 eval: setup
 	$(TRAIN_PY) python/evaluate.py $(COMMON) $(if $(CKPT),--ckpt $(CKPT) --run $(RUN) $(call opt,--out,$(OUT)),--policy $(POLICY) --out $(or $(OUT),$(RUN)/eval/$(POLICY))) \
-		$(call opt,--trials,$(TRIALS)) $(call opt,--videos,$(VIDEOS))
+		$(call opt,--trials,$(TRIALS)) $(call opt,--videos,$(VIDEOS)) $(call opt,--sampler,$(SAMPLER)) \
+		$(call opt,--temperature,$(TEMPERATURE))
 
 # Supervised policy training; GPUS=0,1 runs one process per GPU through torchrun (PER_GPU_PY; grpo too).
 NGPUS = $(words $(subst $(comma), ,$(GPUS)))

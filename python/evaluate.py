@@ -98,6 +98,11 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
         return 0
     if evidence.exists() and not args.overwrite:
         raise FileExistsError(f"{evidence} exists; pass --overwrite (OVERWRITE=1) to evaluate checkpoint {info.ref} again")
+    from wmrl.evaluation.evidence import replacement_note
+
+    note = replacement_note(evidence, {"sampler": pol.eval_sampler, "temperature": pol.temperature_eval})
+    if note:
+        print(note, flush=True)
     from wmrl.policy.runner import PolicyRunner
 
     runner = PolicyRunner(info.path, sampler=args.sampler, temperature=args.temperature,

@@ -104,6 +104,15 @@ def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys
     with pytest.raises(FileExistsError, match="--overwrite"):
         evaluate.main(*evaluate.build(argv))
     assert ev.read_bytes() == before
+    # with --overwrite and another sampler it says which evaluation leaves the run's record, and where it stays
+    other = run_copy / "eval_ode"
+    assert evaluate.main(*evaluate.build([*argv, "--overwrite", "--sampler", "ode", "--out", str(other)])) == 0
+    out = capsys.readouterr().out
+    assert f"{ev} holds an evaluation with sde T=1.6" in out and "this one (ode) replaces it" in out
+    assert str(run_copy / "eval" / "sft" / "global_step_10" / "results.json") in out
+    assert json.loads(ev.read_text())["settings"]["sampler"] == "ode"
+    assert evaluate.main(*evaluate.build([*argv, "--overwrite", "--sampler", "ode", "--out", str(other)])) == 0
+    assert "replaces it" not in capsys.readouterr().out  # the same sampler again: nothing to say
 
 
 def test_missing_checkpoint_lists_the_existing_ones(trained_run, root):
@@ -122,7 +131,11 @@ def test_make_eval_passes_ckpt_and_run(root):
     out = subprocess.run(["make", "-n", "eval", "CKPT=12", "RUN=runs/x", "PROFILE=tiny"], cwd=root,
                          capture_output=True, text=True, timeout=60).stdout
     line = [l for l in out.splitlines() if "evaluate.py" in l][0]  # noqa: E741
-    assert "--ckpt 12 --run runs/x" in line and "--policy" not in line
+    assert "--ckpt 12 --run runs/x" in line and "--policy" not in line and "--sampler" not in line
+    out = subprocess.run(["make", "-n", "eval", "CKPT=12", "RUN=runs/x", "SAMPLER=sde", "TEMPERATURE=1", "OVERWRITE=1"],
+                         cwd=root, capture_output=True, text=True, timeout=60).stdout
+    line = " ".join(out.replace("\\\n", " ").split())  # the recipe's continuation lines joined
+    assert "--overwrite" in line and "--sampler sde --temperature 1" in line
     out = subprocess.run(["make", "-n", "sft", "RUN=runs/x", "GPUS=0,1"], cwd=root, capture_output=True, text=True,
                          timeout=60).stdout
     assert "--nproc_per_node=2 python/sft.py --profile default --run-dir runs/x --data runs/x/demos" in out

@@ -792,13 +792,6 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     assert grpo.origin_evidence(step0, "sde", temperature=2.0) == ev  # unless GRPO evaluates at that one
 
 
-def test_an_evaluations_label_names_the_sdes_temperature():
-    assert grpo.sampler_label({"sampler": "sde", "temperature": 1.0}) == "sde T=1"
-    assert grpo.sampler_label({"sampler": "sde", "temperature": 1.6}) == "sde T=1.6"
-    assert grpo.sampler_label({"sampler": "ode", "temperature": 1.6}) == "ode"  # deterministic: no temperature
-    assert grpo.sampler_label({"sampler": "sde"}) == "sde"  # an evaluation that recorded none
-
-
 def test_the_task_window_slides_by_one_task_per_step():
     """Every task comes `groups` times in any ten consecutive steps (no task favoured), and
     consecutive steps share all tasks but one (the workers' cached envs stay useful)."""

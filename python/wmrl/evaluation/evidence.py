@@ -17,6 +17,32 @@ from wmrl.fileio import write_json
 from wmrl.layout import RunLayout
 
 
+def sampler_label(settings: dict) -> str:
+    """An evaluation's sampler as a reader compares them: "ode", or "sde T=1.6" (the SDE's success
+    moves with its temperature: ~10 points between 1 and 1.6 on the same weights)."""
+    sampler, temperature = settings.get("sampler", ""), settings.get("temperature")
+    return f"{sampler} T={temperature:g}" if sampler == "sde" and temperature is not None else sampler
+
+
+def replacement_note(evidence: Path, settings: dict) -> str | None:
+    """A line for an evaluation about to replace ``evidence`` made with another sampler or
+    temperature than ``settings``: the run's curves and report keep one evaluation per checkpoint,
+    the newest, so the old figure leaves them (its own results file stays where it was written)."""
+    import json
+
+    try:
+        old = json.loads(evidence.read_text())
+        was, rate = sampler_label(old.get("settings", {})), old["summary"]["success_rate"]
+    except (OSError, ValueError, KeyError):
+        return None
+    now = sampler_label(settings)
+    if was == now:
+        return None
+    kept = (old.get("checkpoint") or {}).get("harness_results")
+    return (f"note: {evidence} holds an evaluation with {was} ({100 * rate:.1f}%); this one ({now}) replaces it "
+            f"there, in the run's curves and in its report" + (f" (its results stay in {kept})" if kept else ""))
+
+
 def summary_record(results: dict, evidence: Path, run: Path) -> dict:
     """What ``latest_policy.json`` keeps of one evaluation."""
     s, summ = results.get("settings", {}), results["summary"]

@@ -58,6 +58,7 @@ import torch
 
 from wmrl import rng
 from wmrl.config import TRIALS_PER_TASK, ConfigError, EvalConfig, GRPOConfig, SimConfig
+from wmrl.evaluation.evidence import sampler_label
 from wmrl.layout import RunLayout
 from wmrl.policy import checkpoint as ck
 
@@ -869,13 +870,6 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
     if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own unless told)
         same = same and settings.get("temperature") == (temperature or policy.temperature_eval)
     return ev if same else None
-
-
-def sampler_label(settings: dict) -> str:
-    """An evaluation's sampler as a reader compares them: "ode", or "sde T=1.6" (the SDE's success
-    moves with its temperature, ~10 points between 1 and 1.6)."""
-    sampler, temperature = settings.get("sampler", ""), settings.get("temperature")
-    return f"{sampler} T={temperature:g}" if sampler == "sde" and temperature is not None else sampler
 
 
 def _cores() -> int:
