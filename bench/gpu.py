@@ -24,6 +24,7 @@ returns only a few files).
                                PACK_BACK=1: each seed's newest weights into BENCH_OUT as a delta against POLICY_PACK;
                                unpack one later with POLICY_PACK=<delta> POLICY_BASE=<the full pack>;
                                PACK_BACK=state: the newest full state, portable (no Adam moments), in parts;
+                               PACK_BACK=state+moments: with Adam's moments (bfloat16), no restart at the join;
                                the next call resumes it: unpack+grpo POLICY_PACK=<it> KIND=policy (into
                                GRPO_RUN/seedS; one seed) and the same grpo variables]
                                (one run per seed in GRPO_RUN/seedS, default RUN/grpo, each from FROM=RUN's
@@ -337,7 +338,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                   [*(root / n for n in names), "--baseline", v["BASELINE"], "--json",
                    OUT / f"grpo_transfer{v.get('TAG', '')}.json"], env)
     pack(root, "grpo" + v.get("TAG", ""))
-    if v.get("PACK_BACK") in ("1", "state"):
+    if v.get("PACK_BACK") in ("1", "state", "state+moments"):
         pack_back(root, seeds, v, env)
 
 
@@ -346,8 +347,9 @@ def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
     PACK_BACK=1: a delta against the carried pack (~12 MiB, one file back); PACK_BACK=state: the
     newest full state as a portable state (weights, step, RNG, lr; split in parts under 16 MiB),
     which the next call, on any machine, resumes with ``unpack KIND=policy`` (the lent machine
-    goes back 30 s after a call, and the run with it)."""
-    state = v["PACK_BACK"] == "state"
+    goes back 30 s after a call, and the run with it); PACK_BACK=state+moments: with Adam's moments
+    in bfloat16 (~26 MB more), so the next session goes on as if the run had not stopped."""
+    state = v["PACK_BACK"].startswith("state")
     base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
     if base is None and not state:
         sys.exit("error: PACK_BACK=1 packs against the run's carried pack: give POLICY_PACK=... (or POLICY_BASE=...)")
@@ -356,7 +358,9 @@ def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
         steps = run.policy_steps("policy", full=state)
         if steps:
             out = OUT / f"grpo{v.get('TAG', '')}_seed{s}_step{steps[-1]}{'_state' if state else ''}.tar.xz"
-            pack_for_return(f"pack_seed{s}", run.checkpoint(steps[-1]), out, ["--state"] if state else ["--base", base], env)
+            options = (["--state", *(["--moments"] if v["PACK_BACK"] == "state+moments" else [])] if state
+                       else ["--base", base])
+            pack_for_return(f"pack_seed{s}", run.checkpoint(steps[-1]), out, options, env)
 
 
 def wm_data(run: str, v: dict, env: dict, episodes: str) -> RunLayout:

@@ -16,9 +16,10 @@ changed tensors, ~13 MiB: it comes back from a GPU call) and unpacks with the sa
     python3 bench/policy_pack.py unpack grpo6.tar.xz runs/h200b --base .offline/policy/sft4000.tar.xz
 
 A GRPO full state packs with --state as a portable state (weights, step, RNG, lr; not Adam's
-moments) and unpacks with --kind policy into a GRPO run that resumes it on another machine:
+moments, unless --moments: in bfloat16) and unpacks with --kind policy into a GRPO run that
+resumes it on another machine:
 
-    python3 bench/policy_pack.py pack runs/h200/grpo/seed0/weights/policy/global_step_4 grpo4.tar.xz --state
+    python3 bench/policy_pack.py pack runs/h200/grpo/seed0/weights/policy/global_step_4 grpo4.tar.xz --state [--moments]
     python3 bench/policy_pack.py unpack grpo4.tar.xz runs/h200/grpo/seed0 --kind policy
 """
 
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--base", help="a full pack this checkpoint was trained from: keep only the tensors that differ")
     a.add_argument("--state", action="store_true", help="a GRPO full state: its step, RNG and lr go along "
                                                         "(not Adam's moments), so GRPO resumes it elsewhere")
+    a.add_argument("--moments", action="store_true", help="with --state: Adam's moments too, in bfloat16 (~26 MB "
+                                                          "more): the resumed run goes on as if it had not stopped")
     b = sub.add_parser("unpack", help="a .tar.xz -> RUN/weights/<kind>/global_step_<step>")
     b.add_argument("pack")
     b.add_argument("run")
@@ -53,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "pack":
-            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype, base=args.base, state=args.state)
+            meta = pack_checkpoint(args.checkpoint, args.out, dtype=args.dtype, base=args.base, state=args.state,
+                                   moments=args.moments)
             delta = f", {meta['tensors']} tensors that differ from {args.base}" if args.base else ""
-            delta += ", with its GRPO state (no Adam moments)" if args.state else ""
+            if args.state:
+                delta += f", with its GRPO state ({'Adam moments in bfloat16' if args.moments else 'no Adam moments'})"
             print(f"[pack] {args.out}: {Path(args.out).stat().st_size / 2**20:.1f} MiB, {meta['dtype']}, "
                   f"step {meta['config'].get('step')}{delta}")
         else:

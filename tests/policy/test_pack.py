@@ -95,3 +95,46 @@ def test_delta_pack_keeps_only_changed_tensors_and_needs_its_base(trained_run, t
         pack_checkpoint(trained, tmp_path / "d.tar.xz", base=delta)
     with pytest.raises(CheckpointError, match="pack with dtype=float16"):
         pack_checkpoint(trained, tmp_path / "d.tar.xz", dtype="bfloat16", base=base)
+
+
+def test_a_grpo_state_packs_with_its_adam_moments_in_bfloat16(trained_run, tmp_path):
+    """moments=True: Adam's moments travel rounded to bfloat16 and load into a fresh optimizer as
+    float32, each within bfloat16's rounding of the original; without it the pack is smaller and
+    says the moments were dropped."""
+    from wmrl import rng
+    from wmrl.config import GRPOConfig
+    from wmrl.policy.checkpoint import save_checkpoint
+    from wmrl.rl.grpo import make_optimizer
+
+    sft = load_checkpoint(RunLayout(trained_run).checkpoint(10, "sft"))
+    model = sft.build_model("cpu")
+    opt = make_optimizer(model, GRPOConfig())
+    torch.manual_seed(0)
+    for _ in range(2):  # two steps: both moments away from their first-step values
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3 if p.requires_grad else None
+        opt.step()
+    state = {"kind": "grpo", "step": 2, "optimizer": opt.state_dict(), "rng": rng.capture(), "origin": {}, "grpo": {}}
+    src = save_checkpoint(RunLayout(tmp_path / "here").checkpoint(2), model, step=2, image_size=sft.image_size,
+                          norm=sft.norm, lang=sft.lang, train_state=state)
+    with pytest.raises(CheckpointError, match="state=True"):
+        pack_checkpoint(src, tmp_path / "x.tar.xz", moments=True)
+    pack_checkpoint(src, tmp_path / "plain.tar.xz", state=True)
+    pack_checkpoint(src, tmp_path / "moments.tar.xz", state=True, moments=True)
+    assert (tmp_path / "moments.tar.xz").stat().st_size > (tmp_path / "plain.tar.xz").stat().st_size
+
+    plain = load_checkpoint(unpack_checkpoint(tmp_path / "plain.tar.xz", tmp_path / "a", kind="policy"), need_full=True)
+    assert plain.train_state["moments_dropped"] and "optimizer" not in plain.train_state
+    carried = load_checkpoint(unpack_checkpoint(tmp_path / "moments.tar.xz", tmp_path / "b", kind="policy"), need_full=True)
+    st = carried.train_state
+    assert st["moments_dtype"] == "bfloat16" and "moments_dropped" not in st
+    fresh = make_optimizer(carried.build_model("cpu"), GRPOConfig())
+    fresh.load_state_dict(st["optimizer"])
+    pairs = list(zip(opt.param_groups[0]["params"], fresh.param_groups[0]["params"]))
+    assert pairs and all(p in opt.state for p, _ in pairs)
+    for p, q in pairs:
+        for name in ("exp_avg", "exp_avg_sq"):
+            got, want = fresh.state[q][name], opt.state[p][name]
+            assert got.dtype == torch.float32 and not torch.equal(got, want)  # rounded, and back in float32
+            torch.testing.assert_close(got, want, rtol=1 / 128, atol=0)
+        assert float(fresh.state[q]["step"]) == 2

@@ -448,7 +448,7 @@ def test_imagined_grpo_cadence_and_bit_identical_resume(run_with_pair, tmp_path)
     assert (split / "logs/grpo.jsonl").read_text().count('"step": 3') == 1  # the resumed log does not repeat steps
 
 
-def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run_with_pair, tmp_path):
+def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run_with_pair, tmp_path, capsys):
     """A full state packed with its portable part (no Adam moments) and unpacked into a fresh run
     folder (another machine) resumes there: step 3 starts from the same start states as the
     uninterrupted run's step 3, with the saved lr, and the lineage records the moments' restart."""
@@ -490,6 +490,17 @@ def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run
     # the optimizer there starts at the saved lr: its state at step 3 holds it unless step 3's KL moved it
     lr_there = moved.train_state["optimizer"]["param_groups"][0]["lr"]
     assert lr_there == ck.load_checkpoint(ck.step_dir(here, 3), need_full=True).train_state["optimizer"]["param_groups"][0]["lr"]
+
+    # with Adam's moments (tests/policy/test_pack.py checks their values) the resume is an ordinary one
+    with_moments, there_too = tmp_path / "grpo2m.tar.xz", tmp_path / "there_too"
+    shutil.copytree(run_with_pair, there_too, ignore=shutil.ignore_patterns("policy", "grpo", "evidence", "logs"))
+    pack_checkpoint(ck.step_dir(here, 2), with_moments, state=True, moments=True)
+    unpack_checkpoint(with_moments, there_too, kind="policy")
+    capsys.readouterr()
+    grpo.main(tiny_grpo_job(there_too, target=3, max_steps=16))
+    assert "Adam's moments travelled in bfloat16" in capsys.readouterr().out
+    assert "moments_restarted" not in (there_too / "logs/grpo.jsonl").read_text()
+    assert "moment_restarts" not in ck.load_checkpoint(ck.step_dir(there_too, 3), need_full=True).train_state["origin"]
 
 
 def test_bad_input_is_refused_before_any_rollout(run_with_pair, tmp_path, root):

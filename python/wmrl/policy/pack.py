@@ -22,14 +22,17 @@ small enough to come back from a GPU call (16 MiB a file) and to continue in a l
 
 A GRPO *full state* packs with ``state=True`` as a **portable state**: the weights as above
 plus the step, RNG states, lineage and the optimizer's settings (the lr its KL rule reached),
-without Adam's per-parameter moments (55 MB in float32 for the action expert: they do not fit
-in a call), and the run's small history (metrics and rollout logs, the keyframe index,
-evaluations), so the curves and the imagined start states go on where they stopped. Unpacked
-as ``kind="policy"`` it is a full checkpoint GRPO resumes from on another machine: the same
-data position and lr, Adam's moments restarting from zero (the resume says so and records the
-step in the run's lineage, ``origin["moment_restarts"]``):
+without Adam's per-parameter moments (55 MB in float32 for the action expert), and the run's
+small history (metrics and rollout logs, the keyframe index, evaluations), so the curves and
+the imagined start states go on where they stopped. Unpacked as ``kind="policy"`` it is a full
+checkpoint GRPO resumes from on another machine: the same data position and lr, Adam's moments
+restarting from zero (the resume says so and records the step in the run's lineage,
+``origin["moment_restarts"]``). The first step after such a restart moves the policy 2-3x as far
+as its neighbours (bench/RESULTS.md, run 13: Adam's first update is about lr x sign(g)); with
+``moments=True`` the moments travel too, rounded to bfloat16 (~26 MB more; the pack then comes
+back in parts), and the run goes on as if it had not stopped, to the moments' rounding:
 
-    pack_checkpoint(grpo_full_state, "grpo4.tar.xz", state=True)
+    pack_checkpoint(grpo_full_state, "grpo4.tar.xz", state=True [, moments=True])
     unpack_checkpoint("grpo4.tar.xz", RUN/grpo/seed0, kind="policy")   # then grpo.py --target 8
 """
 
@@ -52,23 +55,26 @@ from wmrl.policy.normalize import NormStats
 PACK_FORMAT = "wmrl-policy-pack/1"
 WEIGHTS = "weights.safetensors"
 META = "pack.json"
-STATE = "state.pt"  # a GRPO full state without the optimizer's moments (state=True)
+STATE = "state.pt"  # a GRPO full state, the optimizer's moments only with moments=True
 HISTORY = "history/"  # with it, the GRPO run's small files, by their path in the run
 HISTORY_FILES = ("logs/*.jsonl", "grpo/*.json", "grpo/*.jsonl", "evidence/evaluations/*.json")
 DTYPES = ("float16", "bfloat16")
 
 
 def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float16",
-                    base: str | os.PathLike | None = None, state: bool = False) -> dict:
+                    base: str | os.PathLike | None = None, state: bool = False, moments: bool = False) -> dict:
     """Write checkpoint folder ``ckpt`` (weights only; optimizer state is left out) to ``out``
     (.tar.xz); returns the pack's metadata. With ``base`` (a full pack of the same architecture
     and dtype) only the tensors that differ from it are kept. ``state``: ``ckpt`` is a GRPO full
-    state and its portable part goes along (the module's docstring)."""
+    state and its portable part goes along, ``moments``: with Adam's moments in bfloat16 (the
+    module's docstring)."""
     import torch
     from safetensors.torch import load, save
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if moments and not state:
+        raise CheckpointError("moments travel with a GRPO state: pack with state=True (--state) too")
     based_on = None
     if base is not None:  # checked before the checkpoint is read
         base_meta, base_members = read_pack(base)
@@ -81,7 +87,7 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
     state_bytes = None
     if state:
         buf = io.BytesIO()
-        torch.save(portable_state(loaded, ckpt), buf)
+        torch.save(portable_state(loaded, ckpt, moments=moments), buf)
         state_bytes = buf.getvalue()
     target = getattr(torch, dtype)
     if dtype == "float16":
@@ -117,12 +123,21 @@ def pack_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: s
     return meta
 
 
-def portable_state(loaded, ckpt) -> dict:
-    """A GRPO full state without Adam's per-parameter moments: what resumes on another machine."""
+def portable_state(loaded, ckpt, moments: bool = False) -> dict:
+    """A GRPO full state without Adam's per-parameter moments: what resumes on another machine;
+    ``moments``: with them, each floating tensor rounded to bfloat16 (the optimizer's
+    ``load_state_dict`` casts them back to the parameters' float32)."""
+    import torch
+
     st = loaded.train_state
     if st.get("kind") != "grpo":
         raise CheckpointError(f"{ckpt} holds a {st.get('kind', 'supervised')} training state; only a GRPO full "
                               f"state packs with its state (pack the weights alone without --state)")
+    if moments:
+        opt = st["optimizer"]
+        small = {i: {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() and v.dim() else v
+                     for k, v in per_param.items()} for i, per_param in opt["state"].items()}
+        return {**st, "optimizer": {**opt, "state": small}, "moments_dtype": "bfloat16"}
     return {**{k: v for k, v in st.items() if k != "optimizer"},
             "optimizer_groups": [{k: v for k, v in g.items() if k != "params"} for g in st["optimizer"]["param_groups"]],
             "moments_dropped": True}

@@ -705,7 +705,8 @@ def main(job: GRPOJob) -> dict:
                 opt.load_state_dict(st["optimizer"])
             except (KeyError, ValueError) as e:
                 raise ck.CheckpointError(f"{info.path}/train_state.pt does not fit this run ({e})") from None
-            say(f"[grpo] resuming the full state of step {start} ({info.path})")
+            travelled = f"; Adam's moments travelled in {st['moments_dtype']}" if st.get("moments_dtype") else ""
+            say(f"[grpo] resuming the full state of step {start} ({info.path}{travelled})")
         rng.restore(st["rng"])
     else:
         origin = {"sft_checkpoint": str(info.path.resolve()), "sft_ref": info.ref,
