@@ -348,7 +348,7 @@ def pack_back(root: Path, seeds: list[str], v: dict, env: dict) -> None:
     newest full state as a portable state (weights, step, RNG, lr; split in parts under 16 MiB),
     which the next call, on any machine, resumes with ``unpack KIND=policy`` (the lent machine
     goes back 30 s after a call, and the run with it); PACK_BACK=state+moments: with Adam's moments
-    in bfloat16 (~26 MB more), so the next session goes on as if the run had not stopped."""
+    in bfloat16 (~20 MB more), so the next session goes on as if the run had not stopped."""
     state = v["PACK_BACK"].startswith("state")
     base = v.get("POLICY_BASE", v.get("POLICY_PACK"))
     if base is None and not state:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--base", help="a full pack this checkpoint was trained from: keep only the tensors that differ")
     a.add_argument("--state", action="store_true", help="a GRPO full state: its step, RNG and lr go along "
                                                         "(not Adam's moments), so GRPO resumes it elsewhere")
-    a.add_argument("--moments", action="store_true", help="with --state: Adam's moments too, in bfloat16 (~26 MB "
+    a.add_argument("--moments", action="store_true", help="with --state: Adam's moments too, in bfloat16 (~20 MB "
                                                           "more): the resumed run goes on as if it had not stopped")
     b = sub.add_parser("unpack", help="a .tar.xz -> RUN/weights/<kind>/global_step_<step>")
     b.add_argument("pack")

@@ -29,8 +29,9 @@ checkpoint GRPO resumes from on another machine: the same data position and lr, 
 restarting from zero (the resume says so and records the step in the run's lineage,
 ``origin["moment_restarts"]``). The first step after such a restart moves the policy 2-3x as far
 as its neighbours (bench/RESULTS.md, run 13: Adam's first update is about lr x sign(g)); with
-``moments=True`` the moments travel too, rounded to bfloat16 (~26 MB more; the pack then comes
-back in parts), and the run goes on as if it had not stopped, to the moments' rounding:
+``moments=True`` the moments travel too, rounded to bfloat16 (27 MB, ~20 MB after xz, for the
+default policy's action expert; the pack then comes back in parts), and the run goes on as if it
+had not stopped, to the moments' rounding:
 
     pack_checkpoint(grpo_full_state, "grpo4.tar.xz", state=True [, moments=True])
     unpack_checkpoint("grpo4.tar.xz", RUN/grpo/seed0, kind="policy")   # then grpo.py --target 8
