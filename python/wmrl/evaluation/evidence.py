@@ -10,6 +10,7 @@ simulator versions, renderer) - plus which checkpoint was evaluated are publishe
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -28,8 +29,6 @@ def replacement_note(evidence: Path, settings: dict) -> str | None:
     """A line for an evaluation about to replace ``evidence`` made with another sampler or
     temperature than ``settings``: the run's curves and report keep one evaluation per checkpoint,
     the newest, so the old figure leaves them (its own results file stays where it was written)."""
-    import json
-
     try:
         old = json.loads(evidence.read_text())
         was, rate = sampler_label(old.get("settings", {})), old["summary"]["success_rate"]
