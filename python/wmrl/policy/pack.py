@@ -27,9 +27,9 @@ small history (metrics and rollout logs, the keyframe index, evaluations), so th
 the imagined start states go on where they stopped. Unpacked as ``kind="policy"`` it is a full
 checkpoint GRPO resumes from on another machine: the same data position and lr, Adam's moments
 restarting from zero (the resume says so and records the step in the run's lineage,
-``origin["moment_restarts"]``). The first step after such a restart moves the policy 2-3x as far
-as its neighbours (bench/RESULTS.md, run 13: Adam's first update is about lr x sign(g)); with
-``moments=True`` the moments travel too, rounded to bfloat16 (27 MB, ~20 MB after xz, for the
+``origin["moment_restarts"]``). In run 13 (bench/RESULTS.md) the first steps after such restarts
+moved the policy 2-3x as far as uninterrupted ones (KL; Adam's first update is about lr x sign(g),
+and the lr had risen too); with ``moments=True`` the moments travel too, rounded to bfloat16 (27 MB, ~20 MB after xz, for the
 default policy's action expert; the pack then comes back in parts), and the run goes on as if it
 had not stopped, to the moments' rounding:
 
