@@ -21,6 +21,11 @@ import time
 from pathlib import Path
 
 
+def episodes(n, successes):
+    """An evaluation's episodes, task 0, trials 0..n-1, those in ``successes`` succeeding."""
+    return [{"task": 0, "trial": i, "success": i in successes} for i in range(n)]
+
+
 def flag(args, name, default=None):
     return args[args.index(name) + 1] if name in args else default
 
@@ -85,7 +90,8 @@ def main(argv):
         ev = run / "evidence" / "evaluations" / "sft" / f"global_step_{flag(args, '--ckpt')[4:]}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)
         ev.write_text(json.dumps({"summary": {"successes": 1, "trials": 50, "success_rate": 1 / 50,
-                                              "per_task": {"0": {"success_rate": 1 / 50}}}}))
+                                              "per_task": {"0": {"success_rate": 1 / 50}}},
+                                  "episodes": episodes(50, {0}), "settings": {"sampler": "sde", "temperature": 1.6}}))
     elif script in ("grpo", "evaluate"):
         target = int(flag(args, "--target", flag(args, "--ckpt")))
         if script == "grpo":
@@ -96,7 +102,10 @@ def main(argv):
         ev = run / "evidence" / "evaluations" / f"global_step_{target}.json"
         ev.parent.mkdir(parents=True, exist_ok=True)
         ev.write_text(json.dumps({"summary": {"successes": target, "trials": 50, "success_rate": target / 50,
-                                              "per_task": {"0": {"success_rate": target / 50}}}}))
+                                              "per_task": {"0": {"success_rate": target / 50}}},
+                                  # states 1..target succeed; the supervised policy's one success is state 0
+                                  "episodes": episodes(50, set(range(1, target + 1))),
+                                  "settings": {"sampler": "sde", "temperature": 1.6}}))
     slow = dict((item.split(":") + ["3"])[:2] for item in os.environ.get("FAKE_SLOW", "").split(",") if item)
     if script in slow:
         time.sleep(float(slow[script]))

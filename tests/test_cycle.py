@@ -87,6 +87,10 @@ def test_cycles_record_lineage_and_a_rerun_skips_everything(tmp_path, calls):
     assert c2["lineage"]["policy_in"] == "2" and c2["lineage"]["policy_out"] == "4"
     assert c1["lineage"]["success_before"] == pytest.approx(1 / 50)  # evaluate_start's evaluation of sft/10
     assert c2["lineage"]["success_before"] == pytest.approx(2 / 50) and c2["lineage"]["success_after"] == pytest.approx(4 / 50)
+    # state by state: cycle 1 lost the supervised policy's one success (state 0) and gained states 1 and 2
+    ch1, ch2 = c1["lineage"]["success_change"], c2["lineage"]["success_change"]
+    assert (ch1["up"], ch1["down"], ch1["states"]) == (2, 1, 50) and ch1["change"] == pytest.approx(1 / 50)
+    assert (ch2["up"], ch2["down"]) == (2, 0) and ch2["mcnemar_chi2"] == pytest.approx(2.0)
     assert c1["collect_seed"] != c2["collect_seed"]  # each cycle collects new placements
     sel = json.loads((run / "cycles/cycle_2/train/selected_world_models.json").read_text())
     assert sel["init"] == str(run / "cycles/cycle_1/model_pair")  # the update continues the previous pair
@@ -239,6 +243,7 @@ def test_report_is_self_contained_and_its_twin_links_existing_files(tmp_path):
     assert "Cycle 1: policy sft/10 -&gt; GRPO step 2" in page and "0.75" in page  # stages and the pair's agreement
     assert "reading the real frames (its ceiling)" in page and "0.875" in page  # ... and the reward's own ceiling
     assert "0.8125 (0.8 at 0.41)" in page  # ... and its ranking of the imagined episodes, whatever the threshold
+    assert "+2.0 points +- 3.5 (paired standard error; 2 of 50 states up, 1 down; sde T=1.6)" in page
     md = (run / "report.md").read_text()
     for link in [part.split(")")[0] for part in md.split("](")[1:]]:
         assert (run / link).exists(), link

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wmrl.config import ConfigError, CycleConfig, get_profile, policy_id
+from wmrl.evaluation.evidence import paired_change
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
@@ -525,14 +526,18 @@ def lineage(run: Path, rec: dict) -> dict:
         before = start_evidence(run, rec["policy_in"])  # evaluate_start's
     skipped = bool(rec.get("grpo_skipped"))  # the policy left the cycle as it came in
     after = None if skipped else RunLayout(run).evidence(rec["grpo_to"])
-    rate = lambda p: read_json(p, CycleError, "")["summary"]["success_rate"] if p and p.exists() else None  # noqa: E731
+    found = lambda p: read_json(p, CycleError, "") if p and p.exists() else None  # noqa: E731
+    ev_before, ev_after = found(before), found(after)
+    rate = lambda ev: ev["summary"]["success_rate"] if ev else None  # noqa: E731
     pair, packed = grpo_pair(rec), "package_students" if rec.get("students") else "package"
     return {"policy_in": rec["policy_in"], "data": str(c.collect), "data_sha256": sha("collect", c.collect),
             "manifest_sha256": sha("manifest", c.manifest), "pair": str(pair),
             "pair_sha256": sha(packed, pair / "pair.json"),
             "policy_out": rec["policy_in"] if skipped else f"{rec['grpo_to']}",
             "policy_out_sha256": None if skipped else sha("grpo", RunLayout(run).checkpoint(rec["grpo_to"])),
-            "success_before": rate(before), "success_after": rate(after)}
+            "success_before": rate(ev_before), "success_after": rate(ev_after),
+            # the same fixed states before and after: the change read state by state, with its spread
+            "success_change": paired_change(ev_before, ev_after) if ev_before and ev_after else None}
 
 
 def build_report(job: CycleJob) -> None:

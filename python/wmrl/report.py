@@ -49,6 +49,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _paired(c: dict) -> str:
+    """A before / after change over the same fixed states (``evidence.paired_change``), as read."""
+    samplers = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
+    return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
+            f"{c['up']} of {c['states']} states up, {c['down']} down; {samplers})")
+
+
 def _short(sha: str | None) -> str:
     return (sha or "-")[:12]
 
@@ -100,7 +107,8 @@ def blocks(run: Path) -> list[Block]:
                 ["model pair", lin["pair"], _short(lin["pair_sha256"])],
                 ["policy trained in the pair", f"GRPO step {lin['policy_out']}" if lin["policy_out_sha256"] else
                  f"none ({lin['policy_out']} went on)", _short(lin["policy_out_sha256"])],
-                ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"]]))
+                ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"],
+                *([["the change, state by state", _paired(lin["success_change"]), "-"]] if lin.get("success_change") else [])]))
         cl = RunLayout(c["dir"])
         for pair in (cl.model_pair, cl.student_pair):  # the students' pair where the cycle distilled one (STUDENTS=1)
             if pair.is_dir():
