@@ -1,6 +1,10 @@
 """How an evaluation's evidence is labelled (the replacement note runs through make eval: tests/policy/test_eval.py)."""
 
-from wmrl.evaluation.evidence import sampler_label
+import math
+
+import pytest
+
+from wmrl.evaluation.evidence import paired_change, sampler_label
 
 
 def test_an_evaluations_label_names_the_sdes_temperature():
@@ -15,13 +19,7 @@ def episodes(outcomes):
 
 
 def test_a_change_read_state_by_state_has_the_paired_spread():
-    import math
-
-    import pytest
-
-    from wmrl.evaluation.evidence import paired_change
-
-    # run 14's evaluations at T = 1: 86 states up, 46 down, 156 successes kept, over 500 states
+    # run 14's evaluations at T = 1: 86 states up, 46 down, 156 successful in both, over 500 states
     before = [False] * 86 + [True] * 46 + [True] * 156 + [False] * 212
     after = [True] * 86 + [False] * 46 + [True] * 156 + [False] * 212
     c = paired_change({"episodes": episodes(before), "settings": {"sampler": "sde", "temperature": 1.0}},
