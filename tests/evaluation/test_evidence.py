@@ -1,4 +1,4 @@
-"""How an evaluation's evidence is labelled (the replacement note runs through make eval: tests/policy/test_eval.py)."""
+"""How evaluations are labelled and compared (the replacement note runs through make eval: tests/policy/test_eval.py)."""
 
 import math
 
