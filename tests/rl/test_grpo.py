@@ -4,6 +4,7 @@ pair) and in the real simulator, and the bad input it refuses before any rollout
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -748,13 +749,16 @@ def test_the_closed_loop_check_sets_imagined_success_beside_the_recorded_episode
 
 # ------------------------------------------------------------------------------ the real simulator
 @pytest.mark.slow
-def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair):
+def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair, capsys):
     from wmrl.layout import RunLayout
 
     # evaluated with the SDE at the rollouts' temperature (1), not the policy's own (1.6)
     out = grpo.main(tiny_grpo_job(run_with_pair, target=1, env="sim", max_steps=16, eval_first=True, eval_temperature=1.0))
     assert [e[0] for e in out["evaluations"]] == [0, 1]  # step 0 = the supervised policy, then step 1
     assert {e[3] for e in out["evaluations"]} == {"sde T=1"}
+    # the same fixed states at both steps: the change is read state by state too
+    assert re.search(r"step 1 against step 0, state by state: [+-]\d+\.\d points \+- \d+\.\d \(paired standard "
+                     r"error; \d+ of 1 states up, \d+ down\)", capsys.readouterr().out)
     for step in (0, 1):
         settings = json.loads(RunLayout(run_with_pair).evidence(step).read_text())["settings"]
         assert (settings["sampler"], settings["temperature"]) == ("sde", 1.0)

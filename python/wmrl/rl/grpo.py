@@ -58,7 +58,7 @@ import torch
 
 from wmrl import rng
 from wmrl.config import TRIALS_PER_TASK, ConfigError, EvalConfig, GRPOConfig, SimConfig
-from wmrl.evaluation.evidence import sampler_label
+from wmrl.evaluation.evidence import paired_change, sampler_label
 from wmrl.layout import RunLayout
 from wmrl.policy import checkpoint as ck
 
@@ -934,7 +934,23 @@ class Evaluator:
         print(f"[grpo] step {step}: real success {s['successes']}/{s['trials']} = {100 * s['success_rate']:.1f}% "
               f"({sampler_label({'sampler': sampler, 'temperature': temperature})}; evidence {evidence}); "
               f"{format_throughput(result.results['throughput_this_run'])}", flush=True)
+        start = self.start_evidence() if step > 0 else None
+        change = paired_change(json.loads(start.read_text()), result.results) if start else None
+        if change and change["samplers"][0] == change["samplers"][1]:  # the same states, the same sampler
+            print(f"[grpo] step {step} against step 0, state by state: {100 * change['change']:+.1f} points "
+                  f"+- {100 * change['paired_se']:.1f} (paired standard error; {change['up']} of {change['states']} "
+                  f"states up, {change['down']} down)", flush=True)
         return s
+
+    def start_evidence(self) -> Path | None:
+        """Step 0's evaluation: this run's own, or the supervised run's of the same weights, sampler
+        and temperature (``origin_evidence``)."""
+        layout = RunLayout(self.job.run)
+        if layout.evidence(0).exists():
+            return layout.evidence(0)
+        step0 = [c.path for c in ck.list_checkpoints(self.job.run, "policy") if c.step == 0]
+        return origin_evidence(step0[0], self.job.cfg.eval_sampler, temperature=self.job.cfg.eval_temperature) \
+            if step0 else None
 
     def history(self) -> list[tuple[int, float, int, str]]:
         """(step, success rate, trials, sampler label) of every evaluation in the run so far."""
@@ -948,8 +964,8 @@ class Evaluator:
         evidenced = {parse_step_name(f.stem) for f in layout.evidence_dir("policy").glob("global_step_*.json")}
         for step in sorted(paths.keys() | (evidenced - {None})):
             ev = layout.evidence(step)
-            if not ev.exists() and step == 0 and 0 in paths:  # evaluated in the run that trained it
-                ev = origin_evidence(paths[0], self.job.cfg.eval_sampler, temperature=self.job.cfg.eval_temperature) or ev
+            if step == 0:  # or evaluated in the run that trained it
+                ev = self.start_evidence() or ev
             if ev.exists():
                 result = json.loads(ev.read_text())
                 s = result["summary"]
