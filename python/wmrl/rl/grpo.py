@@ -866,10 +866,10 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
         return None
     if (trials is not None and done != trials) or (seed is not None and settings.get("eval_seed") != seed):
         return None
+    # the same sampler, and for the SDE the same temperature (GRPO evaluates at the checkpoint's own unless told)
+    wanted = sampler_label({"sampler": sampler, "temperature": temperature or policy.temperature_eval})
     same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
-        settings.get("sampler") == sampler
-    if sampler == "sde":  # the SDE's temperature too (GRPO evaluates at the checkpoint's own unless told)
-        same = same and settings.get("temperature") == (temperature or policy.temperature_eval)
+        sampler_label(settings) == wanted
     return ev if same else None
 
 
@@ -909,8 +909,8 @@ class Evaluator:
             old = json.loads(evidence.read_text())
             settings = old.get("settings", {})
             if settings.get("checkpoint", {}).get("model_sha256") == sha and \
-                    old["summary"]["trials"] == trials * len(job.eval_tasks) and settings.get("sampler") == sampler and \
-                    (sampler == "ode" or settings.get("temperature") == temperature):
+                    old["summary"]["trials"] == trials * len(job.eval_tasks) and \
+                    sampler_label(settings) == sampler_label({"sampler": sampler, "temperature": temperature}):
                 return old["summary"]
         if next(model.parameters()).is_cuda:
             # the renderers (EGL) take their framebuffers from the GPU that the rollouts' and the
