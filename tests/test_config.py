@@ -63,3 +63,12 @@ def test_grpo_eval_temperature_is_the_sdes_and_is_validated():
         override(cfg, eval_sampler="ode", eval_temperature=1.0)
     with pytest.raises(ConfigError, match="0..10"):
         override(cfg, eval_temperature=-1.0)
+
+
+def test_grpo_full_interval_must_hold_whole_evaluation_intervals_and_the_error_names_the_fix():
+    from wmrl.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    with pytest.raises(ConfigError, match="pass --full-interval 8 "):
+        override(cfg, eval_interval=4)  # the default full_interval 10 is not a multiple of 4
+    assert override(cfg, eval_interval=4, full_interval=8).full_interval == 8

@@ -1056,7 +1056,9 @@ class GRPOConfig:
                               "step) or N (the first step and every N-th after it)")
         if self.full_interval % self.eval_interval:
             raise ConfigError(f"grpo.full_interval={self.full_interval} must be a multiple of "
-                              f"eval_interval={self.eval_interval} (a full state is also a policy checkpoint)")
+                              f"eval_interval={self.eval_interval} (a full state is also a policy checkpoint): pass "
+                              f"--full-interval {self.eval_interval * max(1, self.full_interval // self.eval_interval)} "
+                              "or an --eval-interval that divides it")
         for name in ("eval_trials", "final_trials"):
             if not 1 <= getattr(self, name) <= TRIALS_PER_TASK:
                 raise ConfigError(f"grpo.{name}={getattr(self, name)}: use 1..{TRIALS_PER_TASK} fixed states per task")
