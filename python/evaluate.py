@@ -81,11 +81,18 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
 
     info = ck.resolve(args.run, args.ckpt)  # lists the checkpoints that exist when this one does not
     layout = RunLayout(args.run)
-    out = Path(args.out) if args.out else layout.eval_dir(info.step, info.kind)
     evidence = layout.evidence(info.step, info.kind)
     meta = ck.read_meta(info.path)
     pol = ck.policy_config_from(meta.get("policy", {}), str(info.path))
     pol = override(pol, eval_sampler=args.sampler, temperature_eval=args.temperature, gripper_deadband=args.gripper_deadband)
+    from wmrl.evaluation.evidence import evaluation_with, label_of, sampler_label, sampler_slug
+
+    label = sampler_label({"sampler": pol.eval_sampler, "temperature": pol.temperature_eval})
+    was = label_of(evidence)
+    out = Path(args.out) if args.out else layout.eval_dir(info.step, info.kind)
+    held = label_of(out / "results.json")
+    if not args.out and held is not None and held != label:
+        out = out / sampler_slug(label)  # the episodes of the checkpoint's other evaluation stay where they are
     if pol.chunk_size != prof.sim.chunk_size:
         raise ConfigError(f"checkpoint {info.ref} acts in chunks of {pol.chunk_size}, the simulator runs chunks of "
                           f"{prof.sim.chunk_size}: evaluate it with a profile of the same chunk size")
@@ -96,8 +103,11 @@ def _checkpoint(args: argparse.Namespace, prof: Profile) -> int:
             "noise_level": pol.noise_level, "denoise_steps": pol.denoise_steps, "gripper_deadband": pol.gripper_deadband,
             "eval": prof.eval, "sim": prof.sim, "out": str(out), "evidence": str(evidence)})
         return 0
-    if evidence.exists() and not args.overwrite:
-        raise FileExistsError(f"{evidence} exists; pass --overwrite (OVERWRITE=1) to evaluate checkpoint {info.ref} again")
+    same = evaluation_with(evidence, label) or (evidence if evidence.exists() and was is None else None)
+    if same and not args.overwrite:
+        raise FileExistsError(f"{same} exists ({label_of(same) or 'unreadable'}); pass --overwrite (OVERWRITE=1) to "
+                              f"evaluate checkpoint {info.ref} with that sampler again, or --sampler / --temperature "
+                              "for another")
     from wmrl.evaluation.evidence import replacement_note
 
     note = replacement_note(evidence, {"sampler": pol.eval_sampler, "temperature": pol.temperature_eval})

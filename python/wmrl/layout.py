@@ -11,7 +11,8 @@ paths. The layout follows the original system's release (seed 000):
       weights/policy/global_step_N/          GRPO steps; step 0 is the supervised policy GRPO started from
       latest_policy.json                     the newest policy of either kind and how to resume it
       eval/[sft/]global_step_N/              an evaluation's resumable episode log and results
-      evidence/evaluations/[sft/]global_step_N.json   every finished evaluation, kept as evidence
+      evidence/evaluations/[sft/]global_step_N.json   every finished evaluation, kept as evidence (the newest)
+      evidence/evaluations/[sft/]samplers/   a checkpoint's evaluations with other samplers that a newer replaced
       worldmodels/{main,wrist}/              DeepSpeed checkpoints and inference weights per view
       worldmodels/reward/                    the reward model
       worldmodels/reward_students/           the reward model trained on the students' frames (STUDENTS=1)

@@ -26,23 +26,27 @@ Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("image
 
 
 # =========================================================================== what the run holds
-def evaluations(run: Path) -> list[dict]:
-    """Every evidence file: ref, step, kind, successes, trials, rate, per task, sampler."""
+def evaluations(run: Path, kept: bool = False) -> list[dict]:
+    """Every checkpoint's evaluation (its newest): ref, step, kind, successes, trials, rate, per
+    task, sampler; with ``kept`` also those it replaced with other samplers (``kept`` True in theirs)."""
+    from wmrl.evaluation.evidence import kept_evaluations
+
     out = []
     layout = RunLayout(run)
     for kind, folder in (("policy", layout.evidence_dir("policy")), ("sft", layout.evidence_dir("sft"))):
         for f in sorted(folder.glob("global_step_*.json")) if folder.is_dir() else []:
             step = parse_step_name(f.stem)
-            try:
-                d = json.loads(f.read_text())
-                s = d["summary"]
-            except (OSError, ValueError, KeyError):
-                continue
-            out.append({"ref": f"{'sft/' if kind == 'sft' else ''}{step}", "step": step, "kind": kind,
-                        "successes": s["successes"], "trials": s["trials"], "rate": s["success_rate"],
-                        "per_task": s.get("per_task", {}), "sampler": d.get("settings", {}).get("sampler"),
-                        "temperature": d.get("settings", {}).get("temperature"), "file": f})
-    return sorted(out, key=lambda e: (e["kind"] != "sft", e["step"]))
+            for path in [f, *(kept_evaluations(f) if kept else [])]:
+                try:
+                    d = json.loads(path.read_text())
+                    s = d["summary"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                out.append({"ref": f"{'sft/' if kind == 'sft' else ''}{step}", "step": step, "kind": kind,
+                            "successes": s["successes"], "trials": s["trials"], "rate": s["success_rate"],
+                            "per_task": s.get("per_task", {}), "sampler": d.get("settings", {}).get("sampler"),
+                            "temperature": d.get("settings", {}).get("temperature"), "file": path, "kept": path != f})
+    return sorted(out, key=lambda e: (e["kind"] != "sft", e["step"], e["kept"]))
 
 
 def _pct(x) -> str:
@@ -68,7 +72,8 @@ def blocks(run: Path) -> list[Block]:
     out: list[Block] = [("p", f"Run `{run}`, report written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.")]
 
     # ---- success in the real simulator
-    evs = evaluations(run)
+    every = evaluations(run, kept=True)
+    evs = [e for e in every if not e["kept"]]  # a checkpoint's newest evaluation: the curve, the per-task table
     out.append(("h2", "Success in the real simulator"))
     if evs:
         grpo = [e for e in evs if e["kind"] == "policy"]
@@ -80,7 +85,8 @@ def blocks(run: Path) -> list[Block]:
                                       "error; dashed: a cycle begins)"))
         out.append(("table", ["checkpoint", "successes / trials", "success", "sampler"],
                     [[e["ref"], f"{e['successes']} / {e['trials']}", _pct(e["rate"]),
-                      f"{e['sampler'] or '-'} T={e['temperature'] or '-'}"] for e in evs]))
+                      f"{e['sampler'] or '-'} T={e['temperature'] or '-'}" + (" (earlier evaluation)" if e["kept"] else "")]
+                     for e in every]))
         first, last = evs[0], evs[-1]
         tasks = sorted(set(first["per_task"]) | set(last["per_task"]), key=int)
         if tasks and first is not last:

@@ -32,3 +32,31 @@ def test_a_change_read_state_by_state_has_the_paired_spread():
     assert c["samplers"] == ["sde T=1", "sde T=1"]
     assert paired_change({"episodes": episodes(before)}, {"episodes": episodes(after)[:499]}) is None  # other states
     assert paired_change({"summary": {}}, {"episodes": episodes(after)}) is None  # no episodes kept
+
+
+def test_a_newer_evaluation_with_another_sampler_keeps_the_older_beside_it(tmp_path):
+    import json
+
+    from wmrl.evaluation.evidence import evaluation_with, kept_evaluations, kept_path, publish, sampler_slug
+    from wmrl.layout import RunLayout
+    from wmrl.policy.checkpoint import CheckpointInfo
+
+    info = CheckpointInfo(step=4, path=tmp_path / "weights" / "policy" / "global_step_4", full=False)
+    ev = RunLayout(tmp_path).evidence(4)
+
+    def results(sampler, temperature, rate):
+        return {"settings": {"sampler": sampler, "temperature": temperature},
+                "summary": {"success_rate": rate, "successes": int(500 * rate), "trials": 500}}
+
+    assert sampler_slug("sde T=1.6") == "sde_T1.6" and kept_path(ev, "ode").name == "global_step_4.ode.json"
+    publish(tmp_path, info, results("sde", 1.0, 0.656))
+    assert kept_evaluations(ev) == []
+    publish(tmp_path, info, results("ode", 1.6, 0.72))  # another sampler: the T = 1 one is kept
+    assert json.loads(ev.read_text())["summary"]["success_rate"] == 0.72
+    assert kept_evaluations(ev) == [kept_path(ev, "sde T=1")]
+    assert evaluation_with(ev, "sde T=1") == kept_path(ev, "sde T=1") and evaluation_with(ev, "ode") == ev
+    publish(tmp_path, info, results("ode", 1.6, 0.70))  # the same sampler again replaces its own
+    assert json.loads(ev.read_text())["summary"]["success_rate"] == 0.70 and len(kept_evaluations(ev)) == 1
+    publish(tmp_path, info, results("sde", 1.0, 0.66))  # T = 1 the newest again: no stale copy of it stays
+    assert kept_evaluations(ev) == [kept_path(ev, "ode")] and evaluation_with(ev, "sde T=1.6") is None
+    assert json.loads(kept_path(ev, "ode").read_text())["summary"]["success_rate"] == 0.70

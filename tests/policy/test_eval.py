@@ -104,15 +104,30 @@ def test_eval_ckpt_writes_the_evidence_through_the_real_harness(run_copy, capsys
     with pytest.raises(FileExistsError, match="--overwrite"):
         evaluate.main(*evaluate.build(argv))
     assert ev.read_bytes() == before
-    # with --overwrite and another sampler it says which evaluation leaves the run's record, and where it stays
-    other = run_copy / "eval_ode"
-    assert evaluate.main(*evaluate.build([*argv, "--overwrite", "--sampler", "ode", "--out", str(other)])) == 0
+    # another sampler needs no --overwrite: it becomes the checkpoint's evaluation, the first is kept beside it,
+    # and its episodes go to their own folder (the first's stay)
+    assert evaluate.main(*evaluate.build([*argv, "--sampler", "ode"])) == 0
+    kept = ev.parent / "samplers" / "global_step_10.sde_T1.6.json"
     out = capsys.readouterr().out
-    assert f"{ev} holds an evaluation with sde T=1.6" in out and "this one (ode) replaces it" in out
-    assert str(run_copy / "eval" / "sft" / "global_step_10" / "results.json") in out
-    assert json.loads(ev.read_text())["settings"]["sampler"] == "ode"
-    assert evaluate.main(*evaluate.build([*argv, "--overwrite", "--sampler", "ode", "--out", str(other)])) == 0
-    assert "replaces it" not in capsys.readouterr().out  # the same sampler again: nothing to say
+    assert f"{ev} holds an evaluation with sde T=1.6" in out and "this one (ode) becomes" in out and str(kept) in out
+    assert json.loads(ev.read_text())["settings"]["sampler"] == "ode" and kept.read_bytes() == before
+    first = run_copy / "eval" / "sft" / "global_step_10"
+    assert json.loads((first / "results.json").read_text())["settings"]["sampler"] == "sde"
+    assert json.loads((first / "ode" / "results.json").read_text())["settings"]["sampler"] == "ode"
+    # either sampler again is refused without --overwrite, the kept one too
+    for again in (["--sampler", "ode"], []):
+        with pytest.raises(FileExistsError, match="--overwrite"):
+            evaluate.main(*evaluate.build([*argv, *again]))
+    # the first sampler again, with --overwrite: it is the newest once more, the ode evaluation is kept
+    assert evaluate.main(*evaluate.build([*argv, "--overwrite"])) == 0
+    assert "this one (sde T=1.6) becomes" in capsys.readouterr().out
+    assert json.loads(ev.read_text())["settings"]["sampler"] == "sde" and not kept.exists()
+    assert json.loads((ev.parent / "samplers" / "global_step_10.ode.json").read_text())["settings"]["sampler"] == "ode"
+    from wmrl.report import evaluations
+
+    rows = [(e["ref"], e["sampler"], e["kept"]) for e in evaluations(run_copy, kept=True)]
+    assert rows == [("sft/10", "sde", False), ("sft/10", "ode", True)]
+    assert [e["sampler"] for e in evaluations(run_copy)] == ["sde"]
 
 
 def test_missing_checkpoint_lists_the_existing_ones(trained_run, root):

@@ -462,6 +462,13 @@ def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run
         shutil.copytree(run_with_pair, d, ignore=shutil.ignore_patterns("policy", "grpo", "evidence", "logs"))
     grpo.main(tiny_grpo_job(here, target=2, max_steps=16))
     saved = ck.load_checkpoint(ck.step_dir(here, 2), need_full=True).train_state
+    from wmrl.evaluation.evidence import kept_path
+    from wmrl.layout import RunLayout
+
+    # step 2 evaluated with another sampler as well (kept beside its evidence): it travels with the history
+    other = kept_path(RunLayout(here).evidence(2), "ode")
+    other.parent.mkdir()
+    other.write_text(RunLayout(here).evidence(2).read_text().replace('"sampler": "sde"', '"sampler": "ode"'))
     packed = tmp_path / "grpo2.tar.xz"
     meta = pack_checkpoint(ck.step_dir(here, 2), packed, state=True)
     assert meta["state_sha256"] and meta["config"]["step"] == 2
@@ -472,7 +479,8 @@ def test_a_portable_state_resumes_elsewhere_at_the_same_data_position_and_lr(run
     assert grpo.find_start(tiny_grpo_job(there, target=3))[0] == "resume"
     assert list((there / "grpo").glob("keyframes-*.json"))  # the same start states, not an index made again
     out = grpo.main(tiny_grpo_job(there, target=3, max_steps=16))
-    assert [e[0] for e in out["evaluations"]] == [1, 2, 3]  # the history travelled: the curves go on
+    assert [e[0] for e in out["evaluations"]] == [1, 2, 2, 3]  # the history travelled: the curves go on
+    assert [e[3] for e in out["evaluations"] if e[0] == 2][1] == "ode"  # step 2's other sampler with it
     log = [json.loads(line) for line in (there / "logs/grpo.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and [r.get("moments_restarted") for r in log] == [None, None, 1]
     grpo.main(tiny_grpo_job(here, target=3, max_steps=16))
@@ -805,6 +813,11 @@ def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):
     write("abc", "sde")
     assert grpo.origin_evidence(step0, "sde") is None  # the SDE at another temperature
     assert grpo.origin_evidence(step0, "sde", temperature=2.0) == ev  # unless GRPO evaluates at that one
+    # an evaluation of the checkpoint that a newer one with another sampler replaced still counts
+    kept = ev.parent / "samplers" / "global_step_4000.ode.json"
+    kept.parent.mkdir()
+    kept.write_text(ev.read_text().replace('"sde"', '"ode"'))
+    assert grpo.origin_evidence(step0, "ode") == kept and grpo.origin_evidence(step0, "sde", temperature=2.0) == ev
 
 
 def test_the_task_window_slides_by_one_task_per_step():
@@ -864,3 +877,25 @@ def test_two_processes_roll_out_half_the_groups_each_and_train_as_one(sft_run, t
     assert any(not torch.equal(b[k], start[k]) for k in b)  # ... and rank 0's update reached the saved weights
     assert sorted(p.name for p in (two / "weights/policy").glob("global_step_*")) == ["global_step_0", "global_step_1",
                                                                                       "global_step_2"]
+
+
+def test_the_curves_keep_a_steps_evaluations_with_other_samplers(tmp_path):
+    """Step 4 evaluated with the ODE, then at T = 1 (which became its evidence): the history the
+    curves draw has both, one line per sampler."""
+    from types import SimpleNamespace
+
+    from wmrl.evaluation.evidence import kept_path
+    from wmrl.layout import RunLayout
+
+    layout = RunLayout(tmp_path)
+
+    def write(path, sampler, temperature, rate):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": {"sampler": sampler, "temperature": temperature},
+                                    "summary": {"success_rate": rate, "trials": 500}}))
+
+    write(layout.evidence(0), "ode", 1.6, 0.654)
+    write(layout.evidence(4), "sde", 1.0, 0.656)
+    write(kept_path(layout.evidence(4), "ode"), "ode", 1.6, 0.72)
+    evaluator = grpo.Evaluator(SimpleNamespace(run=tmp_path, cfg=GRPOConfig(), sim="its own"), SimpleNamespace())
+    assert evaluator.history() == [(0, 0.654, 500, "ode"), (4, 0.656, 500, "sde T=1"), (4, 0.72, 500, "ode")]

@@ -6,6 +6,12 @@ episode, the per-task summary and all settings (sampler, temperature, noise leve
 simulator versions, renderer) - plus which checkpoint was evaluated are published as
 ``RUN/evidence/evaluations/[sft/]global_step_N.json``, the seed's evidence layout, and
 ``RUN/latest_policy.json`` learns the result.
+
+A checkpoint evaluated with several samplers keeps each: the newest evaluation is the
+checkpoint's own file (what ``latest_policy.json``, the cycle and the report's curve read), and
+an evaluation it replaced with another sampler or SDE temperature moves to
+``.../samplers/global_step_N.<sampler>.json`` (e.g. ``global_step_4.sde_T1.json``), where the
+GRPO curves and the report's table still read it.
 """
 
 from __future__ import annotations
@@ -26,10 +32,40 @@ def sampler_label(settings: dict) -> str:
     return f"{sampler} T={temperature:g}" if sampler == "sde" and temperature is not None else sampler
 
 
+def sampler_slug(label: str) -> str:
+    """A sampler label as a file name's part: "sde T=1.6" -> "sde_T1.6"."""
+    return label.replace("=", "").replace(" ", "_")
+
+
+def kept_path(evidence: Path, label: str) -> Path:
+    """Where the evaluation with sampler ``label`` goes once a newer one with another sampler
+    takes the checkpoint's evidence file ``evidence``."""
+    return evidence.parent / "samplers" / f"{evidence.stem}.{sampler_slug(label)}.json"
+
+
+def label_of(evidence: Path) -> str | None:
+    """The sampler label of an evidence file, or None where there is none (or it cannot be read)."""
+    try:
+        return sampler_label(json.loads(evidence.read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def kept_evaluations(evidence: Path) -> list[Path]:
+    """The checkpoint's evaluations with other samplers than its newest, ``kept_path``'s files."""
+    folder = evidence.parent / "samplers"
+    return sorted(folder.glob(f"{evidence.stem}.*.json")) if folder.is_dir() else []
+
+
+def evaluation_with(evidence: Path, label: str) -> Path | None:
+    """The checkpoint's evaluation with sampler ``label``: its newest, or a kept one."""
+    return next((p for p in [evidence, *kept_evaluations(evidence)] if label_of(p) == label), None)
+
+
 def replacement_note(evidence: Path, settings: dict) -> str | None:
     """A line for an evaluation about to replace ``evidence`` made with another sampler or
-    temperature than ``settings``: the run's curves and report keep one evaluation per checkpoint,
-    the newest, so the old figure leaves them (its own results file stays where it was written)."""
+    temperature than ``settings``: the new one becomes the checkpoint's evaluation (latest policy,
+    the cycle, the report's curve), the old one is kept beside it (``kept_path``)."""
     try:
         old = json.loads(evidence.read_text())
         was, rate = sampler_label(old.get("settings", {})), old["summary"]["success_rate"]
@@ -38,9 +74,9 @@ def replacement_note(evidence: Path, settings: dict) -> str | None:
     now = sampler_label(settings)
     if was == now:
         return None
-    kept = (old.get("checkpoint") or {}).get("harness_results")
-    return (f"note: {evidence} holds an evaluation with {was} ({100 * rate:.1f}%); this one ({now}) replaces it "
-            f"there, in the run's curves and in its report" + (f" (its results stay in {kept})" if kept else ""))
+    return (f"note: {evidence} holds an evaluation with {was} ({100 * rate:.1f}%); this one ({now}) becomes the "
+            f"checkpoint's evaluation, and that one moves to {kept_path(evidence, was)} (the run's curves and "
+            "report still show it)")
 
 
 def paired_change(before: dict, after: dict) -> dict | None:
@@ -86,6 +122,12 @@ def publish(run: str | os.PathLike, info, results: dict, *, harness_results: Pat
     data = {**results, "checkpoint": {"step": info.step, "ref": info.ref, "path": str(info.path), "kind": info.state,
                                       "run": str(layout.root),
                                       "harness_results": str(harness_results) if harness_results else None}}
+    label, was = sampler_label(results.get("settings", {})), label_of(evidence)
+    if was is not None and was != label:  # another sampler's evaluation: kept beside, not lost
+        kept = kept_path(evidence, was)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(evidence, kept)
     write_json(evidence, data)
+    kept_path(evidence, label).unlink(missing_ok=True)  # this sampler's older evaluation, now superseded
     ck.update_latest(run, evaluation={"ref": info.ref, **summary_record(results, evidence, layout.root)})
     return evidence

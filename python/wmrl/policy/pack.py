@@ -58,7 +58,8 @@ WEIGHTS = "weights.safetensors"
 META = "pack.json"
 STATE = "state.pt"  # a GRPO full state, the optimizer's moments only with moments=True
 HISTORY = "history/"  # with it, the GRPO run's small files, by their path in the run
-HISTORY_FILES = ("logs/*.jsonl", "grpo/*.json", "grpo/*.jsonl", "evidence/evaluations/*.json")
+HISTORY_FILES = ("logs/*.jsonl", "grpo/*.json", "grpo/*.jsonl", "evidence/evaluations/*.json",
+                 "evidence/evaluations/samplers/*.json")  # a step's evaluations with other samplers
 DTYPES = ("float16", "bfloat16")
 
 

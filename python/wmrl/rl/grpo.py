@@ -58,7 +58,7 @@ import torch
 
 from wmrl import rng
 from wmrl.config import TRIALS_PER_TASK, ConfigError, EvalConfig, GRPOConfig, SimConfig
-from wmrl.evaluation.evidence import paired_change, sampler_label
+from wmrl.evaluation.evidence import evaluation_with, kept_evaluations, paired_change, sampler_label
 from wmrl.layout import RunLayout
 from wmrl.policy import checkpoint as ck
 
@@ -858,19 +858,18 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
     step = parse_step_name(src.name)
     if step is None or len(src.parents) < 3:
         return None
-    ev = RunLayout(src.parents[2]).evidence(step, "sft")
+    # the same sampler, and for the SDE the same temperature (GRPO evaluates at the checkpoint's own unless told):
+    # the checkpoint's newest evaluation or one it kept of another sampler
+    wanted = sampler_label({"sampler": sampler, "temperature": temperature or policy.temperature_eval})
+    ev = evaluation_with(RunLayout(src.parents[2]).evidence(step, "sft"), wanted)
     try:
-        found = json.loads(ev.read_text())
+        found = json.loads(ev.read_text()) if ev else None
         settings, done = found["settings"], found["summary"]["trials"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     if (trials is not None and done != trials) or (seed is not None and settings.get("eval_seed") != seed):
         return None
-    # the same sampler, and for the SDE the same temperature (GRPO evaluates at the checkpoint's own unless told)
-    wanted = sampler_label({"sampler": sampler, "temperature": temperature or policy.temperature_eval})
-    same = settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") and \
-        sampler_label(settings) == wanted
-    return ev if same else None
+    return ev if settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") else None
 
 
 def _cores() -> int:
@@ -966,8 +965,9 @@ class Evaluator:
             ev = layout.evidence(step)
             if step == 0:  # or evaluated in the run that trained it
                 ev = self.start_evidence() or ev
-            if ev.exists():
-                result = json.loads(ev.read_text())
+            # with the evaluations of other samplers that a newer one replaced (one line each in the curves)
+            for f in ([ev] if ev.exists() else []) + kept_evaluations(layout.evidence(step)):
+                result = json.loads(f.read_text())
                 s = result["summary"]
                 out.append((step, s["success_rate"], s["trials"], sampler_label(result.get("settings", {}))))
         return out
