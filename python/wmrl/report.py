@@ -60,6 +60,25 @@ def _paired(c: dict) -> str:
             f"{c['up']} of {c['states']} states up, {c['down']} down; {samplers})")
 
 
+def _label(e: dict) -> str:
+    from wmrl.evaluation.evidence import sampler_label
+
+    return sampler_label({"sampler": e["sampler"] or "-", "temperature": e["temperature"]})
+
+
+def _against_step0(layout: RunLayout, e: dict) -> str:
+    """A GRPO step's change against step 0 over the same fixed states and sampler, state by state
+    ("-" where the run holds no such evaluation of step 0)."""
+    from wmrl.evaluation.evidence import evaluation_with, paired_change
+
+    start = evaluation_with(layout.evidence(0), _label(e)) if e["kind"] == "policy" and e["step"] > 0 else None
+    try:
+        c = paired_change(json.loads(start.read_text()), json.loads(e["file"].read_text())) if start else None
+    except (OSError, ValueError):
+        c = None
+    return f"{100 * c['change']:+.1f} +- {100 * c['paired_se']:.1f} ({c['up']} up, {c['down']} down)" if c else "-"
+
+
 def _short(sha: str | None) -> str:
     return (sha or "-")[:12]
 
@@ -83,9 +102,9 @@ def blocks(run: Path) -> list[Block]:
         if png:
             out.append(("image", png, "Real success per GRPO step (fixed initial states; bars: binomial standard "
                                       "error; dashed: a cycle begins)"))
-        out.append(("table", ["checkpoint", "successes / trials", "success", "sampler"],
+        out.append(("table", ["checkpoint", "successes / trials", "success", "sampler", "against GRPO step 0"],
                     [[e["ref"], f"{e['successes']} / {e['trials']}", _pct(e["rate"]),
-                      f"{e['sampler'] or '-'} T={e['temperature'] or '-'}" + (" (earlier evaluation)" if e["kept"] else "")]
+                      _label(e) + (" (earlier evaluation)" if e["kept"] else ""), _against_step0(layout, e)]
                      for e in every]))
         first, last = evs[0], evs[-1]
         tasks = sorted(set(first["per_task"]) | set(last["per_task"]), key=int)
