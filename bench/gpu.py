@@ -283,6 +283,37 @@ def phase_eval(v: dict, env: dict) -> None:
     pack(Path(run), "eval")
 
 
+def grpo_options(v: dict) -> list[str]:
+    """grpo.py's options that the variables set (the same for every seed)."""
+    args = []
+    for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--lr", "LR"), ("--groups", "GROUPS"),
+                      ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
+                      ("--eval-trials", "EVAL_TRIALS"), ("--final-trials", "FINAL_TRIALS"),
+                      ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
+                      ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
+                      ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
+                      ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE"),
+                      ("--rollout-physics", "ROLLOUT_PHYSICS"), ("--start-recorded-by", "START_RECORDED_BY")):
+        if key in v:
+            args += [flag, v[key]]
+    return args + shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option
+
+
+def check_grpo_options(v: dict) -> None:
+    """GRPO's settings checked before a chain starts (in the background, a bad combination would
+    surface only at its grpo phase, after the unpacking and any world-model work): this call
+    fails at once, while the lent machine is still warm for the corrected one."""
+    sys.path.insert(0, str(ROOT / "python"))
+    import grpo as entry  # python/grpo.py
+
+    from wmrl.config import ConfigError
+
+    try:
+        entry.parse(["--profile", PROFILE, "--target", v.get("TARGET", "20"), *grpo_options(v)])
+    except ConfigError as e:
+        sys.exit(f"error: GRPO settings: {e}")
+
+
 def phase_grpo(v: dict, env: dict) -> None:
     """One GRPO run per seed, at the same time, each on its own GPU and its share of the cores;
     NPROC=2: each run on two GPUs (GPUS=0,1; one seed), its groups' rollouts split between them.
@@ -309,17 +340,7 @@ def phase_grpo(v: dict, env: dict) -> None:
                 *(["--pair", pair] if pair else []), *(["--reward-threshold", th] if th else [])]
         if s not in v.get("EVAL_FIRST", "").split(","):  # EVAL_FIRST=0: seed 0's run evaluates step 0 first
             args.append("--no-eval-first")
-        for flag, key in (("--max-minutes", "MAX_MINUTES"), ("--lr", "LR"), ("--groups", "GROUPS"),
-                          ("--group-size", "GROUP_SIZE"), ("--eval-interval", "EVAL_INTERVAL"),
-                          ("--eval-trials", "EVAL_TRIALS"), ("--final-trials", "FINAL_TRIALS"),
-                          ("--envs-per-worker", "ENVS_PER_WORKER"), ("--minibatches", "MINIBATCHES"),
-                          ("--desired-kl", "DESIRED_KL"), ("--target-kl", "TARGET_KL"),
-                          ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
-                          ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE"),
-                          ("--rollout-physics", "ROLLOUT_PHYSICS"), ("--start-recorded-by", "START_RECORDED_BY")):
-            if key in v:
-                args += [flag, v[key]]
-        args += shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option
+        args += grpo_options(v)
         devices = ",".join(gpus) if nproc > 1 else gpus[i % len(gpus)]
         procs.append((args, devices, stage(f"grpo{v.get('TAG', '')}_{name}", "grpo.py", args, env, background=True,
                                            extra_env={"CUDA_VISIBLE_DEVICES": devices}, nproc=nproc)))
@@ -732,6 +753,8 @@ def main(argv: list[str]) -> None:
     if phase == "wait":
         return wait(v)
     OUT.mkdir(parents=True, exist_ok=True)
+    if "grpo" in phase.split("+"):
+        check_grpo_options(v)
     if v.pop("BACKGROUND", "0") == "1":  # its own session: it outlives this call on the lent machine
         name = phase + v.get("TAG", "")  # TAG=_b: a second background job of the same phase beside the first
         p = subprocess.Popen([PY, __file__, phase, *[f"{k}={x}" for k, x in v.items()]], cwd=ROOT,

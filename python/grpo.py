@@ -22,7 +22,9 @@ from wmrl import cli
 from wmrl.config import GRPOConfig, get_profile, override, parse_tasks, profile_names
 
 
-def build(argv: list[str] | None = None):
+def parse(argv: list[str] | None = None):
+    """The options and the GRPO settings they make, checked (a ConfigError says what to change);
+    nothing is read from the run yet."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default="default", choices=profile_names(), help="named settings (tiny: CPU toy scale)")
     p.add_argument("--run", "--run-dir", dest="run", default="runs/default",
@@ -51,9 +53,12 @@ def build(argv: list[str] | None = None):
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-tensorboard", action="store_true")
     args = p.parse_args(argv)
-
     prof = get_profile(args.profile)
-    cfg = cli.config_from_flags(args, prof.grpo)
+    return args, prof, cli.config_from_flags(args, prof.grpo)
+
+
+def build(argv: list[str] | None = None):
+    args, prof, cfg = parse(argv)
     sim = override(prof.sim, image_size=args.image_size, max_steps=args.max_steps, renderer=args.renderer)
     if args.workers is not None and args.workers < 0:
         from wmrl.config import ConfigError
@@ -64,9 +69,10 @@ def build(argv: list[str] | None = None):
     job = GRPOJob(run=Path(args.run), cfg=cfg, sim=sim, target=args.target, resume=args.resume,
                   pair=Path(args.pair) if args.pair else None, init_from=Path(args.from_run) if args.from_run else None,
                   eval_tasks=parse_tasks(args.eval_tasks) or prof.eval.tasks,
-                  eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0, max_minutes=args.max_minutes,
-                  envs_per_worker=args.envs_per_worker, device=args.device, profile=prof.name,
-                  progress=not args.no_progress, tensorboard=not args.no_tensorboard, command=cli.command_line("python/grpo.py", argv))
+                  eval_seed=args.eval_seed, eval_first=not args.no_eval_first, workers=args.workers or 0,
+                  max_minutes=args.max_minutes, envs_per_worker=args.envs_per_worker, device=args.device, profile=prof.name,
+                  progress=not args.no_progress, tensorboard=not args.no_tensorboard,
+                  command=cli.command_line("python/grpo.py", argv))
     from wmrl.rl.grpo import find_start
 
     find_start(job)  # unknown or weights-only RESUME, TARGET not above it: said now, before anything loads

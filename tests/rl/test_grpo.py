@@ -524,6 +524,10 @@ def test_bad_input_is_refused_before_any_rollout(run_with_pair, tmp_path, root):
         entry.build([*base, "--resume", "1", "--target", "3"])
     with pytest.raises(Exception, match="TARGET=0 must be above RESUME=0"):
         entry.build([*base, "--resume", "0", "--target", "0"])
+    # settings that do not fit together, found by parse alone (no run read; bench/gpu.py checks with it)
+    with pytest.raises(ConfigError, match="pass --full-interval 8"):
+        entry.parse(["--profile", "default", "--run", str(tmp_path / "none"), "--target", "16", "--eval-interval", "4"])
+    assert entry.parse(["--target", "16", "--eval-interval", "4", "--full-interval", "8"])[2].full_interval == 8
     # a pair made for another image size: refused from its contract, before any weight loads
     args, job = entry.build([*base, "--target", "3", "--image-size", "32"])
     with pytest.raises(Exception, match="made for image_size=64, this run needs 32"):
