@@ -24,3 +24,23 @@ def test_the_evaluations_table_pairs_each_grpo_step_with_step_0_of_the_same_samp
     table = next(b for b in blocks(tmp_path) if b[0] == "table" and "against GRPO step 0" in b[1])
     rows = {(r[0], r[3]): r[4] for r in table[2]}
     assert rows == {("0", "ode"): "-", ("4", "sde T=1"): "-", ("4", "ode (earlier evaluation)"): "+25.0 +- 47.9 (2 up, 1 down)"}
+
+
+def test_a_run_that_skipped_step_0s_evaluation_is_paired_with_the_supervised_checkpoints_of_the_same_weights(tmp_path):
+    sft, run = RunLayout(tmp_path / "sft_run"), RunLayout(tmp_path / "grpo_run")
+    write(sft.evidence(4000, "sft"), "ode", 1.6, [False, False, True, True])
+    evidence = json.loads(sft.evidence(4000, "sft").read_text())
+    evidence["settings"]["checkpoint"] = {"model_sha256": "abc"}
+    sft.evidence(4000, "sft").write_text(json.dumps(evidence))
+    run.checkpoint(0).mkdir(parents=True)
+    origin = {"sft_checkpoint": str(sft.checkpoint(4000, "sft")), "sft_model_sha256": "abc"}
+    (run.checkpoint(0) / "config.json").write_text(json.dumps({"origin": origin}))
+    write(run.evidence(4), "ode", 1.6, [True, True, True, True])
+
+    def change_at_4():
+        table = next(b for b in blocks(run.root) if b[0] == "table" and "against GRPO step 0" in b[1])
+        return {r[0]: r[4] for r in table[2]}["4"]
+
+    assert change_at_4() == "+50.0 +- 28.9 (2 up, 0 down)"
+    (run.checkpoint(0) / "config.json").write_text(json.dumps({"origin": {**origin, "sft_model_sha256": "other"}}))
+    assert change_at_4() == "-"  # the supervised evaluation was of other weights

@@ -66,12 +66,26 @@ def _label(e: dict) -> str:
     return sampler_label({"sampler": e["sampler"] or "-", "temperature": e["temperature"]})
 
 
+def _step0_evidence(layout: RunLayout) -> Path:
+    """GRPO step 0's evidence: the run's own evaluation, else (a run started with its evaluation
+    skipped) that of the supervised checkpoint step 0 copies, where it evaluated the same weights."""
+    own = layout.evidence(0)
+    try:
+        origin = json.loads((layout.checkpoint(0) / "config.json").read_text())["origin"]
+        src = Path(origin["sft_checkpoint"])
+        theirs = RunLayout(src.parents[2]).evidence(parse_step_name(src.name), "sft")
+        sha = json.loads(theirs.read_text())["settings"]["checkpoint"]["model_sha256"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return own
+    return theirs if not own.exists() and sha == origin.get("sft_model_sha256") else own
+
+
 def _against_step0(layout: RunLayout, e: dict) -> str:
     """A GRPO step's change against step 0 over the same fixed states and sampler, state by state
-    ("-" where the run holds no such evaluation of step 0)."""
+    ("-" where there is no such evaluation of step 0)."""
     from wmrl.evaluation.evidence import evaluation_with, paired_change
 
-    start = evaluation_with(layout.evidence(0), _label(e)) if e["kind"] == "policy" and e["step"] > 0 else None
+    start = evaluation_with(_step0_evidence(layout), _label(e)) if e["kind"] == "policy" and e["step"] > 0 else None
     try:
         c = paired_change(json.loads(start.read_text()), json.loads(e["file"].read_text())) if start else None
     except (OSError, ValueError):
