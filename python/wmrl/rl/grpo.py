@@ -862,10 +862,12 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
     # the checkpoint's newest evaluation or one it kept of another sampler
     wanted = sampler_label({"sampler": sampler, "temperature": temperature or policy.temperature_eval})
     ev = evaluation_with(RunLayout(src.parents[2]).evidence(step, "sft"), wanted)
+    if ev is None:
+        return None
     try:
-        found = json.loads(ev.read_text()) if ev else None
+        found = json.loads(ev.read_text())
         settings, done = found["settings"], found["summary"]["trials"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError):
         return None
     if (trials is not None and done != trials) or (seed is not None and settings.get("eval_seed") != seed):
         return None
