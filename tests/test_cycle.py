@@ -592,3 +592,32 @@ def test_an_agreement_reads_with_its_interval_where_one_was_drawn():
     assert agreement_text({"balanced_accuracy": 0.875, "balanced_accuracy_95": [0.75, 1.0]}) == "0.875 (95%: 0.75-1.0)"
     assert agreement_text({"balanced_accuracy": 0.5, "balanced_accuracy_95": None}) == "0.5"
     assert ranking_text({"imagined": None, "real": None}) == ranking_text({}) == "-"  # one outcome: nothing ranked
+
+
+def test_the_start_is_evaluated_again_only_where_none_of_its_evaluations_has_grpos_sampler(tmp_path, calls):
+    """make eval SAMPLER=ode after the start's T = 1.6 evaluation makes the ODE one its newest and
+    keeps the other: that one still serves the cycle (GRPO evaluates at T = 1.6 in this profile),
+    and the lineage compares it with GRPO's, sampler with sampler."""
+    from wmrl.evaluation.evidence import kept_path
+
+    def start(name, kept):
+        run = new_run(tmp_path, name)
+        (run / "weights/sft/global_step_10/config.json").write_text(json.dumps({"policy": {"temperature_eval": 1.6}}))
+        ev = run / "evidence/evaluations/sft/global_step_10.json"
+        for path, sampler, wins in [(ev, "ode", {0, 1, 2})] + ([(kept_path(ev, "sde T=1.6"), "sde", {5})] if kept else []):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({
+                "summary": {"successes": len(wins), "trials": 50, "success_rate": len(wins) / 50, "per_task": {}},
+                "episodes": [{"task": 0, "trial": i, "success": i in wins} for i in range(50)],
+                "settings": {"sampler": sampler, "temperature": 1.6}}))
+        return run
+
+    run = start("kept", kept=True)
+    main(job(run, cycles=1))
+    assert "evaluate" not in called(calls)  # the kept T = 1.6 evaluation serves
+    lin = load_state(run)["cycles"]["1"]["lineage"]
+    assert lin["success_before"] == pytest.approx(1 / 50) and lin["success_change"]["samplers"] == ["sde T=1.6"] * 2
+    assert (lin["success_change"]["up"], lin["success_change"]["down"]) == (2, 1)  # states 1, 2 up; state 5 down
+    calls.unlink()
+    main(job(start("ode_only", kept=False), cycles=1))
+    assert called(calls).count("evaluate") == 1  # only an ODE evaluation: the start is evaluated with GRPO's sampler

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wmrl.config import ConfigError, CycleConfig, get_profile, policy_id
-from wmrl.evaluation.evidence import paired_change
+from wmrl.evaluation.evidence import evaluation_with, label_of, paired_change, sampler_label
 from wmrl.fileio import hash_tree, read_json, sha256_file, write_json
 from wmrl.layout import RunLayout
 from wmrl.lineage import REPO
@@ -221,6 +221,22 @@ def start_evidence(run: Path, policy: str) -> Path:
     return RunLayout(run).evidence(int(step), kind or "policy")
 
 
+def start_evaluated(run: Path, policy: str, grpo) -> Path | None:
+    """The start policy's evaluation with GRPO's sampler (its newest or one kept beside it), which
+    evaluate_start then need not make; the newest of any sampler where the policy's own SDE
+    temperature cannot be read yet (a dry run's plan, before the policy exists)."""
+    start = start_evidence(run, policy)
+    temperature = grpo.eval_temperature
+    if grpo.eval_sampler == "sde" and not temperature:  # GRPO evaluates at the checkpoint's own temperature
+        kind, _, step = policy.rpartition("/")
+        try:
+            config = RunLayout(run).checkpoint(int(step), kind or "policy") / "config.json"
+            temperature = read_json(config, CycleError, "")["policy"]["temperature_eval"]
+        except (CycleError, KeyError, TypeError, ValueError):
+            return start if start.exists() else None
+    return evaluation_with(start, sampler_label({"sampler": grpo.eval_sampler, "temperature": temperature}))
+
+
 def workers_beside_training(workers: int | None) -> int | None:
     """Simulator workers for the start policy's evaluation, which runs in the background while
     both world models train: where there are cores to spare, one is left to each view's training
@@ -258,7 +274,8 @@ def plan_stages(job: CycleJob, n: int, rec: dict) -> list[Stage]:
             "python/evaluate.py", *prof, "--run", str(run), "--ckpt", rec["policy_in"], "--sampler", grpo.eval_sampler,
             *opt("--temperature", grpo.eval_temperature or None), "--trials", str(grpo.final_trials), "--no-progress",
             *opt("--workers", workers_beside_training(job.workers))),
-            (start,) if start else (), gpu=True, skip_if=start, verify=False, background=True),
+            (start,) if start else (), gpu=True, skip_if=start_evaluated(run, rec["policy_in"], grpo) if start else None,
+            verify=False, background=True),
         Stage("wm_update", "wm", (
             "python/wm_update.py", *prof, "--run", str(c), "--no-progress",
             *opt("--init-pair", prev_pair), *opt("--steps", job.wm_steps), *opt("--max-minutes", wm_minutes)),
@@ -526,6 +543,8 @@ def lineage(run: Path, rec: dict) -> dict:
         before = start_evidence(run, rec["policy_in"])  # evaluate_start's
     skipped = bool(rec.get("grpo_skipped"))  # the policy left the cycle as it came in
     after = None if skipped else RunLayout(run).evidence(rec["grpo_to"])
+    if after is not None and label_of(after):  # before with the sampler of after, where the start kept one
+        before = evaluation_with(before, label_of(after)) or before
     found = lambda p: read_json(p, CycleError, "") if p and p.exists() else None  # noqa: E731
     ev_before, ev_after = found(before), found(after)
     rate = lambda ev: ev["summary"]["success_rate"] if ev else None  # noqa: E731
