@@ -55,9 +55,9 @@ def _pct(x) -> str:
 
 def _paired(c: dict) -> str:
     """A before / after change over the same fixed states (``evidence.paired_change``), as read."""
-    samplers = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
-    return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
-            f"{c['up']} of {c['states']} states up, {c['down']} down; {samplers})")
+    from wmrl.evaluation.evidence import change_text
+
+    return change_text(c)
 
 
 def _label(e: dict) -> str:
@@ -69,15 +69,17 @@ def _label(e: dict) -> str:
 def _step0_evidence(layout: RunLayout) -> Path:
     """GRPO step 0's evidence: the run's own evaluation, else (a run started with its evaluation
     skipped) that of the supervised checkpoint step 0 copies, where it evaluated the same weights."""
-    own = layout.evidence(0)
-    try:
-        origin = json.loads((layout.checkpoint(0) / "config.json").read_text())["origin"]
-        src = Path(origin["sft_checkpoint"])
-        theirs = RunLayout(src.parents[2]).evidence(parse_step_name(src.name), "sft")
-        sha = json.loads(theirs.read_text())["settings"]["checkpoint"]["model_sha256"]
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    from wmrl.evaluation.evidence import supervised_origin
+
+    own, origin = layout.evidence(0), supervised_origin(layout.checkpoint(0))
+    if own.exists() or origin is None:
         return own
-    return theirs if not own.exists() and sha == origin.get("sft_model_sha256") else own
+    theirs, sha = origin
+    try:
+        same = json.loads(theirs.read_text())["settings"]["checkpoint"]["model_sha256"] == sha
+    except (OSError, ValueError, KeyError, TypeError):
+        return own
+    return theirs if same else own
 
 
 def _against_step0(layout: RunLayout, e: dict) -> str:

@@ -103,6 +103,31 @@ def paired_change(before: dict, after: dict) -> dict | None:
             "samplers": [sampler_label(before.get("settings", {})), sampler_label(after.get("settings", {}))]}
 
 
+def change_text(c: dict, samplers: bool = True) -> str:
+    """A ``paired_change`` as read: the change, its paired standard error, the states that moved
+    (and with ``samplers`` the sampler, or "before -> after" where they differ)."""
+    which = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
+    return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
+            f"{c['up']} of {c['states']} states up, {c['down']} down" + (f"; {which})" if samplers else ")"))
+
+
+def supervised_origin(step0: Path) -> tuple[Path, str | None] | None:
+    """GRPO step 0 is a copy of a supervised checkpoint (its ``config.json`` says which): that
+    checkpoint's evidence file in the run that trained it, and the SHA-256 of the weights copied;
+    None where step 0 records no such origin."""
+    from wmrl.layout import parse_step_name
+
+    try:
+        origin = json.loads((step0 / "config.json").read_text()).get("origin") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    src = Path(origin.get("sft_checkpoint", ""))
+    step = parse_step_name(src.name)
+    if step is None or len(src.parents) < 3:
+        return None
+    return RunLayout(src.parents[2]).evidence(step, "sft"), origin.get("sft_model_sha256")
+
+
 def summary_record(results: dict, evidence: Path, run: Path) -> dict:
     """What ``latest_policy.json`` keeps of one evaluation."""
     s, summ = results.get("settings", {}), results["summary"]

@@ -58,7 +58,8 @@ import torch
 
 from wmrl import rng
 from wmrl.config import TRIALS_PER_TASK, ConfigError, EvalConfig, GRPOConfig, SimConfig
-from wmrl.evaluation.evidence import evaluation_with, kept_evaluations, paired_change, sampler_label
+from wmrl.evaluation.evidence import (change_text, evaluation_with, kept_evaluations, paired_change, sampler_label,
+                                      supervised_origin)
 from wmrl.layout import RunLayout
 from wmrl.policy import checkpoint as ck
 
@@ -849,19 +850,17 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
     if given), if there is one."""
     import json
 
-    from wmrl.layout import parse_step_name
     from wmrl.policy.model import FlowPolicy
 
-    policy, meta = FlowPolicy.read_config(step0)
-    origin = meta.get("origin") or {}
-    src = Path(origin.get("sft_checkpoint", ""))
-    step = parse_step_name(src.name)
-    if step is None or len(src.parents) < 3:
+    policy, _ = FlowPolicy.read_config(step0)
+    origin = supervised_origin(step0)
+    if origin is None:
         return None
+    sft_evidence, sft_sha = origin
     # the same sampler, and for the SDE the same temperature (GRPO evaluates at the checkpoint's own unless told):
     # the checkpoint's newest evaluation or one it kept of another sampler
     wanted = sampler_label({"sampler": sampler, "temperature": temperature or policy.temperature_eval})
-    ev = evaluation_with(RunLayout(src.parents[2]).evidence(step, "sft"), wanted)
+    ev = evaluation_with(sft_evidence, wanted)
     if ev is None:
         return None
     try:
@@ -871,7 +870,7 @@ def origin_evidence(step0: Path, sampler: str, trials: int | None = None, seed: 
         return None
     if (trials is not None and done != trials) or (seed is not None and settings.get("eval_seed") != seed):
         return None
-    return ev if settings.get("checkpoint", {}).get("model_sha256") == origin.get("sft_model_sha256") else None
+    return ev if settings.get("checkpoint", {}).get("model_sha256") == sft_sha else None
 
 
 def _cores() -> int:
@@ -938,9 +937,7 @@ class Evaluator:
         start = self.start_evidence() if step > 0 else None
         change = paired_change(json.loads(start.read_text()), result.results) if start else None
         if change and change["samplers"][0] == change["samplers"][1]:  # the same states, the same sampler
-            print(f"[grpo] step {step} against step 0, state by state: {100 * change['change']:+.1f} points "
-                  f"+- {100 * change['paired_se']:.1f} (paired standard error; {change['up']} of {change['states']} "
-                  f"states up, {change['down']} down)", flush=True)
+            print(f"[grpo] step {step} against step 0, state by state: {change_text(change, samplers=False)}", flush=True)
         return s
 
     def start_evidence(self) -> Path | None:
