@@ -74,6 +74,9 @@ returns only a few files).
                                pair, each seed trained, packaged and evaluated; OUT/fidelity_<variant>_s<seed>.json
                                and bench/reward_ranking.py's table of them, OUT/reward_ab.md; after wm: unpack+wm+reward)
     python3 bench/gpu.py sim   [SIZES=128,256 EXPERT=1]   (simulator throughput; the expert over the 500 fixed states)
+    python3 bench/gpu.py unpack+starts POLICY_PACK=... RUN=runs/h200 [CKPT=sft/4000 SAMPLER=sde TEMPERATURE=1
+                               START_EPISODES=50]   (the policy from the fixed states, bare random placements and
+                               ones with the arm jittered as the fixed states hold it: bench/start_gap.py)
     python3 bench/gpu.py speedrun RUN=runs/speedrun [PROFILE=speedrun MAX_MINUTES=... GPUS=0,1]   (make speedrun's stages;
                                carry .offline/wm312 too: bash bench/make_wm_wheels.sh)
     python3 bench/gpu.py bimanual BUNDLE=.offline/aloha_bundle ITERS0=2000 ITERS1=1000 [ITERS2=500 ITERS3=300]
@@ -177,7 +180,8 @@ def stage(name: str, script: str, args: list, env: dict, *, background: bool = F
     cmd = [PY, *torchrun(nproc), script if script.startswith("bench/") else f"python/{script}", *map(str, args)]
     if PROFILE != "default" and script not in ("bimanual.py", "make_manifest.py", "bench/sim_throughput.py",
                                                                   "bench/policy_pack.py", "bench/wm_probe.py", "wm_eval.py",
-                                                                  "bench/closed_loop_gap.py", "wm_calibrate.py"):
+                                                                  "bench/closed_loop_gap.py", "wm_calibrate.py",
+                                                                  "bench/start_gap.py"):
         cmd += ["--profile", PROFILE]
     log = open(OUT / f"{name}.log", "a")
     print(f"[gpu] {name}: {' '.join(cmd)}", flush=True)
@@ -569,6 +573,16 @@ def phase_gap(v: dict, env: dict) -> None:
                                                 "--device", "cuda", "--json", OUT / "action_gap.json"], env)
 
 
+def phase_starts(v: dict, env: dict) -> None:
+    """RUN's policy from the fixed evaluation states, bare random placements and placements with the
+    arm jittered as the fixed states hold it (bench/start_gap.py); the JSON comes back in OUT."""
+    stage("start_gap", "bench/start_gap.py", ["--run", v.get("RUN", "runs/h200"), "--ckpt", v.get("CKPT", "sft/4000"),
+                                              "--sampler", v.get("SAMPLER", "sde"), "--temperature", v.get("TEMPERATURE", "1"),
+                                              "--episodes", v.get("START_EPISODES", "50"), "--no-progress",
+                                              "--workers", v.get("WORKERS", str(os.cpu_count())),
+                                              "--out", OUT / "start_gap.json"], env)
+
+
 def phase_calibrate(v: dict, env: dict) -> None:
     """The reward's threshold calibrated closed loop (make wm-calibrate) for PAIR (default RUN's
     pair; after distill: PAIR=RUN/model_pair_students), by the policy that recorded the held-out
@@ -717,7 +731,7 @@ def phase_bimanual(v: dict, env: dict) -> None:
 PHASES = {"learn": phase_learn, "unpack": phase_unpack, "eval": phase_eval, "grpo": phase_grpo, "wm": phase_wm,
           "rank": phase_rank, "gap": phase_gap, "sim": phase_sim, "speedrun": phase_speedrun, "wmspeed": phase_wmspeed,
           "probe": phase_probe, "distill": phase_distill, "signal": phase_signal, "cycle": phase_cycle,
-          "bimanual": phase_bimanual, "calibrate": phase_calibrate, "reward": phase_reward}
+          "bimanual": phase_bimanual, "calibrate": phase_calibrate, "reward": phase_reward, "starts": phase_starts}
 
 
 def wait(v: dict) -> None:

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from wmrl import cli
-from wmrl.config import GRPOConfig, get_profile, override, parse_tasks, profile_names
+from wmrl.config import GRPOConfig, get_profile, parse_tasks, profile_names
 
 
 def parse(argv: list[str] | None = None):
@@ -48,6 +48,7 @@ def parse(argv: list[str] | None = None):
     g.add_argument("--image-size", type=int, help="camera image size (default: the profile's / the checkpoint's)")
     g.add_argument("--max-steps", type=int, help="simulator steps per episode (240)")
     g.add_argument("--renderer", help="auto | osmesa | egl (MUJOCO_GL overrides)")
+    cli.add_arm_noise_flag(g)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--no-progress", action="store_true")
@@ -59,7 +60,7 @@ def parse(argv: list[str] | None = None):
 
 def build(argv: list[str] | None = None):
     args, prof, cfg = parse(argv)
-    sim = override(prof.sim, image_size=args.image_size, max_steps=args.max_steps, renderer=args.renderer)
+    sim = cli.sim_config(args, prof.sim)
     if args.workers is not None and args.workers < 0:
         from wmrl.config import ConfigError
 

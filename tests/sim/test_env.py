@@ -171,6 +171,40 @@ def test_resets_are_deterministic(env0):
         env0.reset()
 
 
+def test_random_placements_jitter_the_arm_as_the_fixed_states_do_and_nothing_else(env0, sim_cfg):
+    robot = env0.raw.robots[0]
+    joints = robot._ref_joint_pos_indexes
+    n = len(env0.raw.sim.data.qpos)
+    fixed = np.array([s[1:1 + n][joints] for s in env0._init_states]) - robot.init_qpos
+    assert 0.01 < fixed.std() < 0.03  # LIBERO's fixed states: the rest pose plus ~0.02 rad per joint
+
+    def start(cfg, **reset):
+        env0.cfg = cfg
+        obs = env0.reset(**reset)
+        return obs, env0.raw.sim.data.qpos[joints] - robot.init_qpos
+
+    bare_cfg = dataclasses.replace(sim_cfg, robot_init_noise=0.0)
+    try:
+        bare, bare_off = start(bare_cfg, seed=31)
+        jit, jit_off = start(sim_cfg, seed=31)
+        again, again_off = start(sim_cfg, seed=31)
+        other, other_off = start(sim_cfg, seed=32)
+        fixed_bare, _ = start(bare_cfg, init_index=5)
+        fixed_jit, _ = start(sim_cfg, init_index=5)
+    finally:
+        env0.cfg = sim_cfg
+    assert sim_cfg.robot_init_noise == 0.02
+    assert np.abs(bare_off).max() < 2e-3  # the wrapper's bare reset: the arm at rest (after settling)
+    assert 0.005 < jit_off.std() < 0.06 and np.abs(jit_off - again_off).max() == 0  # jittered, by the seed
+    assert np.abs(jit_off - other_off).max() > 1e-3
+    for name in bare.privileged:  # the seed's placement is the same with or without the arm's noise
+        np.testing.assert_allclose(jit.privileged[name][:2], bare.privileged[name][:2], atol=2e-3)
+    assert np.abs(jit.proprio[:3] - bare.proprio[:3]).max() > 1e-3  # the gripper starts elsewhere
+    np.testing.assert_array_equal(fixed_jit.state, fixed_bare.state)  # a fixed state holds its own joints
+    with pytest.raises(ConfigError, match="robot_init_noise"):
+        dataclasses.replace(sim_cfg, robot_init_noise=-0.1)
+
+
 def test_split_physics_step_matches_robosuite_loop(env0, sim_cfg):
     actions = np.random.default_rng(0).uniform(-1, 1, (24, 7))
     finals = {}

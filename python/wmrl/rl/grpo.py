@@ -392,7 +392,7 @@ def minibatch_gradient(model, batch: dict, idx: torch.Tensor, sample_adv: torch.
                 d = ref_lp - new_lp.float()
                 kl = (torch.exp(d) - d - 1).mean()  # k3: KL(new || ref)
                 loss = loss + cfg.kl_coef * kl * part
-                st["kl_ref"] += float(kl) * part
+                st["kl_ref"] += float(kl.detach()) * part
         loss.backward()
         st["loss"] += float(loss.detach())
         st["clip_fraction"] += ps["clip_fraction"] * part

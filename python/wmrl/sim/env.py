@@ -151,6 +151,17 @@ class SpatialEnv:
         self.raw.sim.forward()
         self._wrapper.reset()
 
+    def _jitter_arm(self, seed: int) -> None:
+        """The arm's rest pose plus ``robot_init_noise`` per joint, as LIBERO's fixed initial
+        states hold it. Drawn from its own generator of the reset seed, after the placement:
+        the objects and fixtures of a seed stay where they were without the noise."""
+        if self.cfg.robot_init_noise <= 0:
+            return
+        robot = self.raw.robots[0]
+        noise = np.random.default_rng([seed, 0x4A17]).normal(0.0, self.cfg.robot_init_noise, len(robot.init_qpos))
+        self.raw.sim.data.qpos[robot._ref_joint_pos_indexes] = robot.init_qpos + noise
+        self.raw.sim.forward()
+
     def _disable_camera_observables(self) -> None:
         # robosuite would otherwise render both cameras after every physics step.
         for name, obs in self.raw._observables.items():
@@ -197,6 +208,7 @@ class SpatialEnv:
         else:
             self._wrapper.seed(int(seed))
             self._soft_reset()
+            self._jitter_arm(int(seed))
         # MuJoCo warm-starts its constraint solver from the previous step's accelerations;
         # left over from the last episode they make two resets to one state drift apart.
         self.raw.sim.data._data.qacc_warmstart[:] = 0.0
