@@ -4,7 +4,8 @@ Rendering is the expensive part on a CPU machine, so physics steps never render:
 both cameras are produced only at chunk boundaries (after reset and after every chunk of
 ``chunk_size`` actions). An episode is
 
-    reset (fixed initial state i, or a seeded random placement)
+    reset (fixed initial state i, or a seeded random placement with the arm's joints
+           jittered as the fixed states hold them, ``SimConfig.robot_init_noise``)
     -> ``settle_steps`` no-op steps (objects start a few cm above the table and fall)
     -> chunks of actions until success or ``max_steps`` policy steps
 
