@@ -53,13 +53,6 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _paired(c: dict) -> str:
-    """A before / after change over the same fixed states (``evidence.paired_change``), as read."""
-    from wmrl.evaluation.evidence import change_text
-
-    return change_text(c)
-
-
 def _label(e: dict) -> str:
     from wmrl.evaluation.evidence import sampler_label
 
@@ -100,6 +93,7 @@ def _short(sha: str | None) -> str:
 
 
 def blocks(run: Path) -> list[Block]:
+    from wmrl.evaluation.evidence import change_text
     from wmrl.plots import success_curve
 
     layout = RunLayout(run)
@@ -149,7 +143,8 @@ def blocks(run: Path) -> list[Block]:
                 ["policy trained in the pair", f"GRPO step {lin['policy_out']}" if lin["policy_out_sha256"] else
                  f"none ({lin['policy_out']} went on)", _short(lin["policy_out_sha256"])],
                 ["real success before / after", f"{_pct(lin['success_before'])} / {_pct(lin['success_after'])}", "-"],
-                *([["the change, state by state", _paired(lin["success_change"]), "-"]] if lin.get("success_change") else [])]))
+                *([["the change, state by state", change_text(lin["success_change"]), "-"]]
+                  if lin.get("success_change") else [])]))
         cl = RunLayout(c["dir"])
         for pair in (cl.model_pair, cl.student_pair):  # the students' pair where the cycle distilled one (STUDENTS=1)
             if pair.is_dir():
