@@ -19,6 +19,7 @@ returns only a few files).
                                DESIRED_KL=... TRAINABLE=expert|all EPOCHS=1 ROLLOUT_TEMPERATURE=1 FINAL_TRIALS=20
                                ROLLOUT_PHYSICS=split (default lean) EVAL_FIRST=0 (seed 0's run evaluates step 0 first)
                                ROBOT_INIT_NOISE=0 (rollouts with the arm at rest, as before run 16; default 0.02)
+                               MAX_SETTLE_SHIFT=0 (keep placements that throw an object while settling; default 0.1)
                                GRPO_ARGS="--noisy-transitions one --eval-sampler ode" (any grpo.py option)
                                BASELINE=bench/baselines/sft4000_run12_ode_10x50.json (ENV=wm: imagined vs real
                                change by task, bench/grpo_transfer.py, against the starting policy's evaluation)
@@ -299,7 +300,7 @@ def grpo_options(v: dict) -> list[str]:
                       ("--ratio-transitions", "RATIO_TRANSITIONS"), ("--trainable", "TRAINABLE"),
                       ("--epochs", "EPOCHS"), ("--temperature", "ROLLOUT_TEMPERATURE"),
                       ("--rollout-physics", "ROLLOUT_PHYSICS"), ("--start-recorded-by", "START_RECORDED_BY"),
-                      ("--robot-init-noise", "ROBOT_INIT_NOISE")):
+                      ("--robot-init-noise", "ROBOT_INIT_NOISE"), ("--max-settle-shift", "MAX_SETTLE_SHIFT")):
         if key in v:
             args += [flag, v[key]]
     return args + shlex.split(v.get("GRPO_ARGS", ""))  # GRPO_ARGS="--noisy-transitions one --eval-sampler ode": any option

@@ -48,7 +48,7 @@ def parse(argv: list[str] | None = None):
     g.add_argument("--image-size", type=int, help="camera image size (default: the profile's / the checkpoint's)")
     g.add_argument("--max-steps", type=int, help="simulator steps per episode (240)")
     g.add_argument("--renderer", help="auto | osmesa | egl (MUJOCO_GL overrides)")
-    cli.add_arm_noise_flag(g)
+    cli.add_start_flags(g)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--no-progress", action="store_true")

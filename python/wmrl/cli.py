@@ -64,18 +64,22 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image-size", type=int, help="camera image size (square)")
     g.add_argument("--max-steps", type=int, help="policy steps per episode (240; 220 is the other convention)")
     g.add_argument("--renderer", help="auto | osmesa | egl (MUJOCO_GL overrides)")
-    add_arm_noise_flag(g)
+    add_start_flags(g)
 
 
-def add_arm_noise_flag(group) -> None:
+def add_start_flags(group) -> None:
+    """How random placements start (the fixed evaluation states hold their own start)."""
     group.add_argument("--robot-init-noise", type=float,
                        help="random placements: sd (rad) of the arm's start around its rest pose, per joint (0.02: as "
                             "LIBERO's fixed initial states hold it; 0: always the rest pose)")
+    group.add_argument("--max-settle-shift", type=float,
+                       help="random placements: draw again when an object slides further (m) while the scene settles "
+                            "(0.1; 0: keep every draw, as before this check)")
 
 
 def sim_config(args: argparse.Namespace, base: SimConfig) -> SimConfig:
     return override(base, image_size=args.image_size, max_steps=args.max_steps, renderer=args.renderer,
-                    robot_init_noise=args.robot_init_noise)
+                    robot_init_noise=args.robot_init_noise, max_settle_shift=args.max_settle_shift)
 
 
 # ----------------------------------------------------------------------- flags from configs

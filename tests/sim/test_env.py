@@ -205,6 +205,36 @@ def test_random_placements_jitter_the_arm_as_the_fixed_states_do_and_nothing_els
         dataclasses.replace(sim_cfg, robot_init_noise=-0.1)
 
 
+def test_a_placement_that_throws_an_object_is_drawn_again_and_others_stay_as_they_were(env0, sim_cfg):
+    """LIBERO's sampler put task 0's bowl into the plate for seed 1,000,008: the contact throws it
+    ~0.6 m while the scene settles. The default draws that seed again; a good seed is untouched."""
+    unchecked = dataclasses.replace(sim_cfg, max_settle_shift=0.0)
+    try:
+        env0.cfg = unchecked
+        thrown = env0.reset(seed=1_000_008).privileged
+        kept_unchecked = env0.reset(seed=1_000_001)
+        env0.cfg = sim_cfg
+        redrawn = env0.reset(seed=1_000_008).privileged
+        redraws = env0.placement_redraws
+        again = env0.reset(seed=1_000_008).privileged
+        kept = env0.reset(seed=1_000_001)
+        kept_redraws = env0.placement_redraws
+    finally:
+        env0.cfg = sim_cfg
+
+    def bowl_to_plate(poses):
+        return np.linalg.norm(poses["akita_black_bowl_1"][:2] - poses["plate_1"][:2])
+
+    assert bowl_to_plate(thrown) > 0.4  # thrown across the table
+    assert redraws >= 1 and bowl_to_plate(redrawn) < 0.25  # beside the plate, as in the fixed states
+    assert all(pose[2] > 0.85 for pose in redrawn.values())  # everything on the table
+    np.testing.assert_array_equal(redrawn["akita_black_bowl_1"], again["akita_black_bowl_1"])  # still the seed's
+    assert kept_redraws == 0
+    np.testing.assert_array_equal(kept.state, kept_unchecked.state)  # a placement that settles is the seed's own
+    with pytest.raises(ConfigError, match="max_settle_shift"):
+        dataclasses.replace(sim_cfg, max_settle_shift=-0.1)
+
+
 def test_split_physics_step_matches_robosuite_loop(env0, sim_cfg):
     actions = np.random.default_rng(0).uniform(-1, 1, (24, 7))
     finals = {}

@@ -6,7 +6,8 @@ both cameras are produced only at chunk boundaries (after reset and after every 
 
     reset (fixed initial state i, or a seeded random placement with the arm's joints
            jittered as the fixed states hold them, ``SimConfig.robot_init_noise``)
-    -> ``settle_steps`` no-op steps (objects start a few cm above the table and fall)
+    -> ``settle_steps`` no-op steps (objects start a few cm above the table and fall; a random
+       placement whose objects slide away while settling is drawn again, ``max_settle_shift``)
     -> chunks of actions until success or ``max_steps`` policy steps
 
 and success is counted once: the episode succeeds if the goal held after any step.
@@ -28,6 +29,7 @@ from wmrl.sim.tasks import SpatialTask, get_task, init_states
 
 MAIN_CAMERA = "agentview"
 WRIST_CAMERA = "robot0_eye_in_hand"
+MAX_PLACEMENT_DRAWS = 20  # of one random placement before reset gives up (measured: at most 11% need a second)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, gripper open
 
@@ -103,6 +105,7 @@ class SpatialEnv:
         self.steps = 0
         self.success = False
         self.success_step: int | None = None  # the step after which the goal first held
+        self.placement_redraws = 0  # how often the last random placement was drawn again (SimConfig.max_settle_shift)
         # The first soft reset after construction lands ~2 mm away from every later reset to
         # the same state (robosuite's construction leaves state behind). Take it here, so an
         # episode never depends on whether its worker had run one before.
@@ -151,6 +154,38 @@ class SpatialEnv:
             model.body_quat[body] = quat
         self.raw.sim.forward()
         self._wrapper.reset()
+
+    def _place(self, seed: int) -> None:
+        """A random placement of ``seed``, settled; drawn again (from seeds derived from it) while
+        an object slides more than ``max_settle_shift`` as it settles: LIBERO's sampler can put a
+        bowl into the plate beside it and the contact throws it away. A seed whose first draw
+        settles in place keeps it, so such seeds start exactly as before the check."""
+        for attempt in range(MAX_PLACEMENT_DRAWS):
+            draw = seed if attempt == 0 else int(np.random.SeedSequence([seed, attempt]).generate_state(1)[0])
+            self._wrapper.seed(draw)
+            self._soft_reset()
+            self._jitter_arm(draw)
+            placed = {name: pose[:2] for name, pose in self.object_poses().items()}
+            self._settle()
+            shift = max(np.linalg.norm(pose[:2] - placed[name]) for name, pose in self.object_poses().items())
+            if self.cfg.max_settle_shift <= 0 or shift <= self.cfg.max_settle_shift:
+                self.placement_redraws = attempt
+                return
+        raise RuntimeError(f"task {self.task.index}, seed {seed}: {MAX_PLACEMENT_DRAWS} placements in a row had an "
+                           f"object slide more than max_settle_shift={self.cfg.max_settle_shift} m while settling; "
+                           "raise max_settle_shift (or 0 to keep every draw)")
+
+    def _settle(self) -> None:
+        """``settle_steps`` no-op steps from a clean solver and gripper state."""
+        # MuJoCo warm-starts its constraint solver from the previous step's accelerations;
+        # left over from the last episode they make two resets to one state drift apart.
+        self.raw.sim.data._data.qacc_warmstart[:] = 0.0
+        # robosuite's gripper integrates its command (``current_action``) and a soft reset
+        # does not clear it: the last episode's grip would leak into this one.
+        for robot in self.raw.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        for _ in range(self.cfg.settle_steps):
+            self._physics_step(NOOP_ACTION)
 
     def _jitter_arm(self, seed: int) -> None:
         """The arm's rest pose plus ``robot_init_noise`` per joint, as LIBERO's fixed initial
@@ -206,19 +241,9 @@ class SpatialEnv:
             self._wrapper.seed(init_index)
             self._soft_reset()
             self._wrapper.set_init_state(self._init_states[init_index])
+            self._settle()
         else:
-            self._wrapper.seed(int(seed))
-            self._soft_reset()
-            self._jitter_arm(int(seed))
-        # MuJoCo warm-starts its constraint solver from the previous step's accelerations;
-        # left over from the last episode they make two resets to one state drift apart.
-        self.raw.sim.data._data.qacc_warmstart[:] = 0.0
-        # robosuite's gripper integrates its command (``current_action``) and a soft reset
-        # does not clear it: the last episode's grip would leak into this one.
-        for robot in self.raw.robots:
-            robot.gripper.current_action = np.zeros(robot.gripper.dof)
-        for _ in range(self.cfg.settle_steps):
-            self._physics_step(NOOP_ACTION)
+            self._place(int(seed))
         self.steps = 0
         self.success = False
         self.success_step = None
