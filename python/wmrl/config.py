@@ -84,7 +84,7 @@ class SimConfig:
     # settle is drawn again. LIBERO's placement sampler can put a bowl into the plate beside it
     # (tasks 0, 2 and 8: 6-11% of seeds); the contact then throws the bowl 0.2-0.9 m, sometimes
     # off the table, a start the fixed initial states never show (their objects settle by at most
-    # ~56 mm; bench/placement_shifts.py). 0: keep every draw.
+    # ~60 mm; bench/placement_shifts.py). 0: keep every draw.
     max_settle_shift: float = 0.1
 
     def __post_init__(self) -> None:
