@@ -115,6 +115,12 @@ class SimConfig:
         return -(-self.max_steps // self.chunk_size)
 
 
+# SimConfig fields that act on random placements only (demonstrations, collection, GRPO's
+# rollouts). The fixed initial states of an evaluation never see them: two evaluations that differ
+# only here are the same evaluation, and one may continue the other.
+TRAINING_START_FIELDS = ("train_physics", "robot_init_noise", "max_settle_shift")
+
+
 def default_workers() -> int:
     """One simulator process per core (the parent mostly waits)."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)

@@ -90,3 +90,15 @@ def test_other_settings_in_the_same_folder_are_refused(random_eval, tmp_path):
     (tmp_path / "episodes.jsonl").write_text((out / "episodes.jsonl").read_text())
     with pytest.raises(EvaluationError, match="other settings"):
         evaluate("random", sim=SimConfig(image_size=64, max_steps=24), cfg=CFG, out_dir=tmp_path, progress=False)
+
+
+def test_settings_of_training_starts_alone_do_not_make_another_evaluation(random_eval, tmp_path):
+    """The arm's start noise, the placement check and the training loop act on random placements
+    only: an evaluation (fixed states) run with other values continues the same log."""
+    out, _ = random_eval
+    log = (out / "episodes.jsonl").read_text().splitlines()
+    (tmp_path / "episodes.jsonl").write_text(log[0] + "\n")
+    sim = SimConfig(image_size=64, max_steps=16, robot_init_noise=0.0, max_settle_shift=0.0, train_physics="lean")
+    again = evaluate("random", sim=sim, cfg=CFG, out_dir=tmp_path, progress=False)
+    eps = json.loads(again.results_path.read_text())["episodes"]
+    assert len(eps) == 2 and json.loads(log[0]) in eps  # the first episode kept, not run again

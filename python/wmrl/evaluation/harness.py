@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from wmrl import __version__
-from wmrl.config import EvalConfig, SimConfig, as_dict, default_workers
+from wmrl.config import TRAINING_START_FIELDS, EvalConfig, SimConfig, as_dict, default_workers
 from wmrl.fileio import write_json
 from wmrl.sim.vector import EpisodeResult, EpisodeSpec, FixedEpisodes, SimulatorPool
 
@@ -58,7 +58,10 @@ def settings_of(policy_id: str, sim: SimConfig, cfg: EvalConfig, extra: dict[str
 
 
 def _fingerprint(settings: dict) -> str:
+    """What makes two evaluations the same: every setting but the library versions (recorded,
+    not compared) and the simulator's training-start fields, which no fixed initial state sees."""
     stable = {k: v for k, v in settings.items() if k != "versions"}
+    stable["sim"] = {k: v for k, v in stable["sim"].items() if k not in TRAINING_START_FIELDS}
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
