@@ -1,3 +1,4 @@
+import contextlib
 import dataclasses
 
 import mujoco
@@ -7,6 +8,16 @@ import pytest
 from wmrl.config import ConfigError, SimConfig
 from wmrl.sim.env import NOOP_ACTION, upright
 from wmrl.sim.tasks import get_task, init_states
+
+
+@contextlib.contextmanager
+def restored_cfg(env):
+    """Lets a test swap the shared env's SimConfig and gives the old one back, whatever happens."""
+    before = env.cfg
+    try:
+        yield
+    finally:
+        env.cfg = before
 
 
 def test_tasks_come_from_libero_with_their_goal():
@@ -143,8 +154,8 @@ def test_chunks_step_and_render_only_at_boundaries(env0, sim_cfg, monkeypatch):
 
 
 def test_episode_ends_at_max_steps_even_mid_chunk(env0, sim_cfg):
-    env0.cfg = dataclasses.replace(sim_cfg, max_steps=20)  # the 220-step convention works the same way
-    try:
+    with restored_cfg(env0):
+        env0.cfg = dataclasses.replace(sim_cfg, max_steps=20)  # the 220-step convention works the same way
         env0.reset(init_index=0)
         steps = []
         done = False
@@ -154,8 +165,6 @@ def test_episode_ends_at_max_steps_even_mid_chunk(env0, sim_cfg):
         assert steps == [8, 16, 20] and not env0.success
         with pytest.raises(RuntimeError, match="max_steps"):
             env0.step(NOOP_ACTION)
-    finally:
-        env0.cfg = sim_cfg
 
 
 def test_resets_are_deterministic(env0):
@@ -184,15 +193,13 @@ def test_random_placements_jitter_the_arm_as_the_fixed_states_do_and_nothing_els
         return obs, env0.raw.sim.data.qpos[joints] - robot.init_qpos
 
     bare_cfg = dataclasses.replace(sim_cfg, robot_init_noise=0.0)
-    try:
+    with restored_cfg(env0):
         bare, bare_off = start(bare_cfg, seed=31)
         jit, jit_off = start(sim_cfg, seed=31)
         again, again_off = start(sim_cfg, seed=31)
         other, other_off = start(sim_cfg, seed=32)
         fixed_bare, _ = start(bare_cfg, init_index=5)
         fixed_jit, _ = start(sim_cfg, init_index=5)
-    finally:
-        env0.cfg = sim_cfg
     assert sim_cfg.robot_init_noise == 0.02
     assert np.abs(bare_off).max() < 2e-3  # the wrapper's bare reset: the arm at rest (after settling)
     assert 0.005 < jit_off.std() < 0.06 and np.abs(jit_off - again_off).max() == 0  # jittered, by the seed
@@ -209,7 +216,7 @@ def test_a_placement_that_throws_an_object_is_drawn_again_and_others_stay_as_the
     """LIBERO's sampler put task 0's bowl into the plate for seed 1,000,008: the contact throws it
     ~0.6 m while the scene settles. The default draws that seed again; a good seed is untouched."""
     unchecked = dataclasses.replace(sim_cfg, max_settle_shift=0.0)
-    try:
+    with restored_cfg(env0):
         env0.cfg = unchecked
         thrown = env0.reset(seed=1_000_008).privileged
         kept_unchecked = env0.reset(seed=1_000_001)
@@ -219,8 +226,6 @@ def test_a_placement_that_throws_an_object_is_drawn_again_and_others_stay_as_the
         again = env0.reset(seed=1_000_008).privileged
         kept = env0.reset(seed=1_000_001)
         kept_redraws = env0.placement_redraws
-    finally:
-        env0.cfg = sim_cfg
 
     def bowl_to_plate(poses):
         return np.linalg.norm(poses["akita_black_bowl_1"][:2] - poses["plate_1"][:2])
@@ -238,15 +243,13 @@ def test_a_placement_that_throws_an_object_is_drawn_again_and_others_stay_as_the
 def test_split_physics_step_matches_robosuite_loop(env0, sim_cfg):
     actions = np.random.default_rng(0).uniform(-1, 1, (24, 7))
     finals = {}
-    try:
+    with restored_cfg(env0):
         for physics in ("stock", "split"):
             env0.cfg = dataclasses.replace(sim_cfg, physics=physics)
             env0.reset(init_index=2)
             for a in actions:
                 env0.step(a)
             finals[physics] = env0.proprio()
-    finally:
-        env0.cfg = sim_cfg
     np.testing.assert_allclose(finals["split"], finals["stock"], atol=1e-4)
 
 
@@ -261,13 +264,11 @@ def test_a_lean_training_loop_runs_random_placements_only_and_stays_near_split(e
         return env0.raw.sim.data.qpos.copy(), env0._loop
 
     lean = dataclasses.replace(sim_cfg, physics="split", train_physics="lean")
-    try:
+    with restored_cfg(env0):
         split_train, loop = final(sim_cfg, seed=7)
         lean_train, lean_loop = final(lean, seed=7)
         split_eval, _ = final(sim_cfg, init_index=3)
         lean_cfg_eval, eval_loop = final(lean, init_index=3)
-    finally:
-        env0.cfg = sim_cfg
     assert (loop, lean_loop, eval_loop) == ("split", "lean", "split")
     np.testing.assert_array_equal(lean_cfg_eval, split_eval)  # a reported evaluation is untouched
     assert 0 < np.abs(lean_train - split_train).max() < 1e-2  # another warm start: close, not equal
