@@ -780,6 +780,7 @@ def test_grpo_in_the_real_simulator_starts_from_random_placements(run_with_pair,
     assert all(1 <= o["chunks"] <= 2 and o["steps"] <= 16 for o in outcomes)
     log = json.loads((run_with_pair / "logs/grpo.jsonl").read_text().splitlines()[0])
     assert log["env_steps"] == sum(o["steps"] for o in outcomes) and log["chunks"] == sum(o["chunks"] for o in outcomes)
+    assert 0 <= log["redrawn_starts"] <= log["groups"] and log["placement_redraws"] >= log["redrawn_starts"]
 
 
 def test_step_0_takes_the_evaluation_of_the_supervised_run_it_copies(tmp_path):

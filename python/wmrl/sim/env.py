@@ -232,6 +232,7 @@ class SpatialEnv:
             raise ValueError("reset needs exactly one of init_index (mode=eval) or seed (mode=train)")
         # evaluations always run the configured loop; training episodes may run a faster one
         self._loop = self.cfg.physics if init_index is not None else (self.cfg.train_physics or self.cfg.physics)
+        self.placement_redraws = 0
         if init_index is not None:
             if not 0 <= init_index < self.num_init_states:
                 raise ValueError(f"init_index {init_index} out of range 0..{self.num_init_states - 1}")

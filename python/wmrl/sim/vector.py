@@ -61,6 +61,7 @@ class EpisodeResult:
     # seconds the worker computed (env build, reset, physics, cameras); the rest of wall_s it
     # waited for a chunk policy's actions, so busy_s / wall_s is how well the policy keeps pace
     busy_s: float = 0.0
+    placement_redraws: int = 0  # how often its random placement was drawn again (SimConfig.max_settle_shift)
 
 
 class EpisodeSource(Protocol):
@@ -208,7 +209,7 @@ class _Worker:
                 "kit_version": __version__, "sim_settings": json.dumps(env.settings()),
             })
         return EpisodeResult(spec, env.success, env.steps, time.perf_counter() - self.t0, self.index, traj, self.built,
-                             self.busy_s)
+                             self.busy_s, env.placement_redraws)
 
     def run_episode(self, spec: EpisodeSpec) -> EpisodeResult:
         self.start(spec)
