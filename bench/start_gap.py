@@ -11,6 +11,11 @@ the policy's noise), so their difference is the arm's start alone, read state by
         --sampler sde --temperature 1 --tasks 0-9 --episodes 10 --workers 2 --out runs/start_gap.json
 
 Writes every episode's outcome per kind of start to ``--out`` (rerun: kinds already there are kept).
+``--against other.json`` (another policy's file of the same plan) adds each kind's change from that
+policy, start by start:
+
+    ... bench/start_gap.py --run runs/ft/sft_jitter --ckpt sft/400 --sampler ode --tasks 0-9 --episodes 15 \
+        --kinds random_jitter --out runs/ft/gap_jitter.json --against runs/start_gap_ode.json
 """
 
 from __future__ import annotations
@@ -61,6 +66,18 @@ def run_kind(kind: str, runner, sim, tasks: list[int], episodes: int, eval_seed:
     return sorted(out, key=lambda e: (e["task"], e["tag"]))
 
 
+def paired_text(before: list[dict], after: list[dict]) -> str:
+    """The change from ``before`` to ``after``, start by start (``wmrl.evaluation.evidence``'s
+    paired change, a start keyed by task and tag as a fixed state by task and trial)."""
+    from wmrl.evaluation.evidence import change_text, paired_change
+
+    def as_results(episodes: list[dict]) -> dict:
+        return {"episodes": [{"task": e["task"], "trial": e["tag"], "success": e["success"]} for e in episodes]}
+
+    c = paired_change(as_results(before), as_results(after))
+    return "not the same starts" if c is None else change_text(c, samplers=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
@@ -74,10 +91,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the evaluation's base seed (the fixed states' policy seeds)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--against", help="another policy's --out file of the same tasks and episodes: the change from it")
     args = ap.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if any(k not in KINDS for k in kinds) or not 1 <= args.episodes <= 50:
         sys.exit(f"error: --kinds from {','.join(KINDS)}; --episodes 1..50")
+    other = json.load(open(args.against)) if args.against and os.path.exists(args.against) else None
+    if args.against and (other is None or (other.get("tasks"), other.get("episodes")) !=
+                         (parse_range(args.tasks), args.episodes)):
+        sys.exit(f"error: --against {args.against}: no start_gap.py output of tasks {args.tasks} and {args.episodes} "
+                 "episodes there; give a file this script wrote with the same --tasks and --episodes")
 
     from wmrl.config import SimConfig
     from wmrl.gl import configure_renderer
@@ -107,11 +130,10 @@ def main(argv: list[str] | None = None) -> None:
         by_task = [sum(e["success"] for e in done[kind] if e["task"] == t) for t in tasks]
         print(f"{kind:14s} {sum(wins):4d}/{n} = {100 * np.mean(wins):5.1f}%  per task (of {args.episodes}): {by_task}")
     if "random_rest" in done and "random_jitter" in done:
-        a = np.array([e["success"] for e in done["random_rest"]], float)
-        b = np.array([e["success"] for e in done["random_jitter"]], float)
-        d = b - a
-        print(f"jitter - rest, same placements and policy noise: {100 * d.mean():+.1f} points, paired standard "
-              f"error {100 * d.std(ddof=1) / np.sqrt(len(d)):.1f} ({int((d > 0).sum())} up, {int((d < 0).sum())} down)")
+        print(f"jitter - rest, same placements and policy noise: {paired_text(done['random_rest'], done['random_jitter'])}")
+    for kind in kinds if other else ():
+        if kind in other:
+            print(f"{kind}, against {other['policy']} ({args.against}): {paired_text(other[kind], done[kind])}")
 
 
 if __name__ == "__main__":
