@@ -101,8 +101,9 @@ What the calls carry (.offline/py312, .offline/wm312, .offline/policy, .gl) is i
 does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it (a few minutes).
 
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
-the tree is replaced at every call; .offline/py312 with .offline/policy and the tree is ~66 MiB,
-too much for one call): the first call carries .offline/py312 and .gl, prepares and copies the tree to
+the tree is replaced at every call; .offline/py312 with one policy pack and the tree is ~66 MiB,
+too much for one call; .offline/policy holds two packs, 39 MiB, so carry the one file you need,
+e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py312 and .gl, prepares and copies the tree to
 /root/tree (``runs`` linked to /root/runs); the second, made at once, carries .offline/wm312 and
 .offline/policy, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
 and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a lent GPU machine's calls carry with the tree (bench/gpu.py's docstring), rebuilt in a
 # checkout that has none of it (these folders are ignored by git and do not outlive a checkout):
-#   .offline/policy/sft4000_run12.tar.xz  the carried supervised policy (run 12), from git history
+#   .offline/policy/sft4000_run12.tar.xz  the supervised policy of run 12 (demonstrations at rest), from git history
+#   .offline/policy/sft4000_run17.tar.xz  the supervised policy of run 17 (the default, jittered starts), from git history
 #   .offline/py312                        the simulator side for the GPU host's Python 3.12
 #   .offline/wm312                        DeepSpeed wheels for its world-model phases
 #   .gl/*.deb                             the EGL/Vulkan loaders MuJoCo renders through there
@@ -13,13 +14,18 @@ for p in /.gl/ /.offline/; do  # never committed (they would travel with every c
   grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
 done
 
-pack=.offline/policy/sft4000_run12.tar.xz
-sha=e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7  # bench/RESULTS.md "Run 12"
-if [ ! -f "$pack" ]; then
-  mkdir -p .offline/policy
-  git show 9352d953:bench/packs/sft4000_run12.tar.xz > "$pack.tmp" && mv "$pack.tmp" "$pack"
-fi
-echo "$sha  $pack" | sha256sum -c --quiet || { echo "error: $pack is not run 12's pack: delete it and rerun" >&2; exit 2; }
+# name, commit that holds bench/packs/<name>.tar.xz, its SHA-256 (bench/RESULTS.md "Run 12" / "Run 17")
+while read -r name commit sha; do
+  pack=.offline/policy/$name.tar.xz
+  if [ ! -f "$pack" ]; then
+    mkdir -p .offline/policy
+    git show "$commit:bench/packs/$name.tar.xz" > "$pack.tmp" && mv "$pack.tmp" "$pack"
+  fi
+  echo "$sha  $pack" | sha256sum -c --quiet || { echo "error: $pack is not $name's pack: delete it and rerun" >&2; exit 2; }
+done <<'PACKS'
+sft4000_run12 9352d953 e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7
+sft4000_run17 7ba21dfb 6ce1054c485409807b28fedd392db381e439814b6b174269467242f11cf02a02
+PACKS
 
 make --no-print-directory .venv/train/.lock.sha256 .venv/wm/.lock.sha256 >/dev/null
 [ -f .offline/py312/MANIFEST.json ] || make --no-print-directory offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312
