@@ -40,6 +40,24 @@ def test_runner_is_batched_bounded_and_batch_independent(trained_run):
         runner.act([_obs(1, size=32)])
 
 
+def test_an_observations_actions_do_not_depend_on_its_batch(trained_run):
+    """Every forward pass has batch_rows rows, so the actions of an observation are bit for bit
+    the same alone, beside others, at another position or in a second pass: an evaluation does not
+    depend on which episodes the workers had ready together."""
+    from wmrl.policy.runner import PolicyRunner
+
+    runner = PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", sampler="ode", batch_rows=4)
+    obs = [_obs(i, step=8 * i) for i in range(1, 7)]
+    alone = np.concatenate([runner.act([o]) for o in obs])
+    assert np.array_equal(runner.act(obs), alone)  # 6 rows: a full pass and a padded one
+    assert np.array_equal(runner.act(obs[::-1]), alone[::-1])
+    assert np.array_equal(runner.act([obs[4], obs[0]])[1], alone[0])
+    assert runner.settings()["batch_rows"] == 4
+    assert PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu").batch_rows == 1  # the CPU's default
+    with pytest.raises(ConfigError, match="batch_rows=0"):
+        PolicyRunner(ck.step_dir(trained_run, 10, "sft"), device="cpu", batch_rows=0)
+
+
 def test_gripper_output_snaps_to_the_controllers_three_commands(trained_run):
     """robosuite moves the gripper by sign(g) every step and the expert holds it with exactly 0:
     a near-zero output must stay 0, not open or close the gripper by chance."""

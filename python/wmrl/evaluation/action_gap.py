@@ -67,7 +67,7 @@ def action_gap(roll: dict, episodes: list, runner, chunk_size: int, horizons=HOR
         rows = torch.nonzero(roll["valid"][:, h]).flatten().tolist()
         if not rows:
             continue
-        acts = {k: np.asarray(runner.act(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
+        acts = {k: np.asarray(runner.act_batch(observations(roll, episodes, rows, h, k, chunk_size))) for k in INPUTS}
         dist = {k: float(np.linalg.norm(acts[k] - acts["real"], axis=-1).mean()) for k in INPUTS if k != "real"}
         grip = lambda k: float((np.sign(acts[k][..., -1]) == np.sign(acts["real"][..., -1])).mean())  # noqa: E731
         out["horizons"][str(h)] = {

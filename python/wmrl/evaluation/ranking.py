@@ -155,6 +155,8 @@ def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
     starts = [Start(0, i, t, keyframe=i) for i, t in enumerate(env.keyframe_tasks) if t in env.tasks]
     task_of = [s.task for s in starts for _ in range(trials)]
     chunk = env.chunk_size
+    # a PolicyRunner's one pass over the whole batch (its act() would split it into fixed-size passes)
+    act_all = getattr(runner, "act_batch", runner.act)
 
     def act(obs):  # the harness's observation objects, so the policy samples exactly as in evaluation
         rows = [SimpleNamespace(main=obs.main[j].cpu().numpy(), wrist=obs.wrist[j].cpu().numpy(),
@@ -162,7 +164,7 @@ def imagined_success(env, runner, trials: int, traces: bool = False) -> dict:
                                 task_index=task_of[r], step=obs.chunk[j] * chunk,
                                 state=np.asarray([r], np.float64))  # distinct noise per rollout
                 for j, r in enumerate(obs.rollout)]
-        return torch.from_numpy(runner.act(rows))
+        return torch.from_numpy(act_all(rows))
 
     t0 = time.perf_counter()
     outcomes = env.run(starts, trials, act, to_the_end=traces)

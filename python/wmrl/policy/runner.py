@@ -1,7 +1,8 @@
 """``PolicyRunner``: a policy checkpoint as a chunk policy for the evaluation harness.
 
-The harness's simulator workers hand the parent the observations that are ready; ``act`` runs one batched forward pass (GPU if available) and returns a
-(B, 8, 7) chunk of actions in the controller's range [-1, 1].
+The harness's simulator workers hand the parent the observations that are ready; ``act`` runs
+them through the policy in batched forward passes (GPU if available) and returns a (B, 8, 7)
+chunk of actions in the controller's range [-1, 1].
 
 Sampler (recorded with every result through ``settings()``):
 
@@ -10,8 +11,12 @@ Sampler (recorded with every result through ``settings()``):
 * ``ode``: deterministic Euler from the initial noise; ``temperature`` does not apply.
 
 Randomness is drawn per observation from a generator seeded by (seed, task, step, simulator
-state), so an episode depends only on its spec and the seed - not on how many workers ran
-or which observations shared a batch.
+state), and every forward pass has the same number of rows (``batch_rows``: the observations
+that are ready, padded or split), so an episode depends only on its spec, the seed and the
+device - not on how many workers ran or which observations shared a batch. Without the fixed
+shape a matrix product's rounding follows the batch size (~1e-7 on the CPU), and 240 closed-loop
+steps of contact physics amplify it: two evaluations of the same weights on one H100 flipped 88 of
+500 fixed states (bench/RESULTS.md, "Run 17").
 """
 
 from __future__ import annotations
@@ -39,34 +44,47 @@ def to_controller(actions, gripper_deadband: float):
     return out
 
 
+def default_batch_rows(device_type: str) -> int:
+    """Rows per forward pass: 32 on a GPU (a 16-core host's workers hold up to 32 episodes in
+    flight: one pass serves them all), 1 on the CPU, where every padded row costs its compute (one
+    row at a time: ~1.7x the policy's time of batches of four, measured with one thread)."""
+    return 32 if device_type == "cuda" else 1
+
+
 class PolicyRunner:
     """A policy as a chunk policy: from a checkpoint folder (``PolicyRunner(path)``) or from a
     model in memory (``PolicyRunner.from_model``, GRPO's evaluations of the policy it trains)."""
 
     def __init__(self, checkpoint: str | os.PathLike, *, device: str = "auto", sampler: str | None = None,
                  temperature: float | None = None, noise_level: float | None = None,
-                 denoise_steps: int | None = None, gripper_deadband: float | None = None, seed: int = 0):
+                 denoise_steps: int | None = None, gripper_deadband: float | None = None, seed: int = 0,
+                 batch_rows: int | None = None):
         loaded = load_checkpoint(checkpoint)
         self._setup(loaded.build_model(), loaded.norm, loaded.lang, loaded.cfg, step=loaded.step,
-                    image_size=loaded.image_size, path=Path(checkpoint), device=device, seed=seed,
+                    image_size=loaded.image_size, path=Path(checkpoint), device=device, seed=seed, batch_rows=batch_rows,
                     model_sha256=sha256_file(Path(checkpoint) / MODEL_FILE),
                     overrides=dict(eval_sampler=sampler, temperature_eval=temperature, noise_level=noise_level,
                                    denoise_steps=denoise_steps, gripper_deadband=gripper_deadband))
 
     @classmethod
     def from_model(cls, model, norm, lang, *, step: int, image_size: int, path: str | os.PathLike | None = None,
-                   device: str = "auto", seed: int = 0, model_sha256: str | None = None, **overrides) -> "PolicyRunner":
+                   device: str = "auto", seed: int = 0, model_sha256: str | None = None, batch_rows: int | None = None,
+                   **overrides) -> "PolicyRunner":
         """Wrap a ``FlowPolicy`` in memory (its weights are used as they are, not copied)."""
         self = cls.__new__(cls)
         self._setup(model, norm, lang, model.cfg, step=step, image_size=image_size,
                     path=Path(path) if path else None, device=device, seed=seed, model_sha256=model_sha256,
-                    overrides=overrides)
+                    batch_rows=batch_rows, overrides=overrides)
         return self
 
-    def _setup(self, model, norm, lang, cfg, *, step, image_size, path, device, seed, model_sha256, overrides) -> None:
+    def _setup(self, model, norm, lang, cfg, *, step, image_size, path, device, seed, model_sha256, batch_rows,
+               overrides) -> None:
         self.path, self.step, self.image_size = path, step, image_size
         self.cfg = override(cfg, **overrides)
         self.device = pick_device(device)
+        if batch_rows is not None and batch_rows < 1:
+            raise ConfigError(f"batch_rows={batch_rows}: use >= 1 rows per forward pass (or None: the device's default)")
+        self.batch_rows = batch_rows or default_batch_rows(self.device.type)
         if self.device.type == "cuda":
             import torch
 
@@ -95,6 +113,7 @@ class PolicyRunner:
             "gripper_deadband": c.gripper_deadband,
             "policy_seed": self.seed,
             "policy_device": str(self.device),
+            "batch_rows": self.batch_rows,
         }
 
     def _noise(self, observations) -> tuple:
@@ -136,12 +155,23 @@ class PolicyRunner:
         return to_controller(x * self.norm["a_s"] + self.norm["a_c"], self.cfg.gripper_deadband)
 
     def act(self, observations: list) -> np.ndarray:
+        """(B, chunk, 7) actions for B observations, in forward passes of exactly ``batch_rows``
+        rows (the last padded with copies of its last observation; their actions are dropped)."""
+        if not observations:
+            return np.zeros((0, self.cfg.chunk_size, self.cfg.action_dim), np.float32)
+        rows, out = self.batch_rows, []
+        for i in range(0, len(observations), rows):
+            part = observations[i:i + rows]
+            out.append(self.act_batch(part + [part[-1]] * (rows - len(part)))[:len(part)])
+        return np.concatenate(out)
+
+    def act_batch(self, observations: list) -> np.ndarray:
+        """One forward pass over exactly these observations, whatever their number: for callers
+        whose batches are large and fixed by design (the policy acting in imagination)."""
         import torch
 
         from wmrl.policy.sampling import ode_sample, sde_sample
 
-        if not observations:
-            return np.zeros((0, self.cfg.chunk_size, self.cfg.action_dim), np.float32)
         c = self.cfg
         with torch.no_grad():
             prefix = self.prefix(observations)
