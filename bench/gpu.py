@@ -6,7 +6,7 @@ versions beside its figures (``BENCH_OUT/<phase><TAG>_settings.json``), the wall
 (``BENCH_OUT``: default runs/gpu_out; bring it back in one tarball, the lent machine's tool
 returns only a few files).
 
-    python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"]
+    python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"] [SFT_ARGS="--seed 1"]
                                [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1] [TRIALS=10]
     python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
@@ -228,7 +228,7 @@ def demos_and_sft(run: str, workers: str, v: dict, env: dict, steps: str | None,
                                             *shlex.split(v.get("DEMO_ARGS", ""))], env):
         sys.exit(1)
     return stage("sft", "sft.py", ["--run-dir", run, "--data", demos, *(["--steps", steps] if steps else []),
-                                   "--no-progress", "--no-tensorboard"], env,
+                                   "--no-progress", "--no-tensorboard", *shlex.split(v.get("SFT_ARGS", ""))], env,
                  extra_env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None, nproc=len(gpus.split(",")) if gpus else 1)
 
 
