@@ -172,6 +172,8 @@ class PolicyRunner:
 
         from wmrl.policy.sampling import ode_sample, sde_sample
 
+        if not observations:
+            return np.zeros((0, self.cfg.chunk_size, self.cfg.action_dim), np.float32)
         c = self.cfg
         with torch.no_grad():
             prefix = self.prefix(observations)
