@@ -11,20 +11,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
 def observations(n: int, size: int, proprio_dim: int, seed: int = 0) -> list:
+    """``n`` random observations of task 1 (the harness's ``Observation``), chunk boundaries 0, 8, ..."""
+    from wmrl.sim.env import Observation
+
     rng = np.random.default_rng(seed)
-    return [SimpleNamespace(main=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-                            wrist=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-                            proprio=rng.normal(size=proprio_dim).astype(np.float32),
-                            instruction="pick up the black bowl next to the ramekin and place it on the plate",
-                            task_index=1, step=8 * i, state=None) for i in range(n)]
+    return [Observation(main=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+                        wrist=rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+                        proprio=rng.normal(size=proprio_dim).astype(np.float32),
+                        instruction="pick up the black bowl next to the ramekin and place it on the plate",
+                        task_index=1, state=None, step=8 * i) for i in range(n)]
 
 
 def main(argv: list[str] | None = None) -> dict:
