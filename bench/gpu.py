@@ -9,10 +9,10 @@ returns only a few files).
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"] [SFT_ARGS="--seed 1"]
                                [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1] [TRIALS=10]
-    python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
+    python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run17.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
                                VARIANTS=0,3,1]   (the GRPO gradient's signal and noise: bench/grpo_signal.py)
-    python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run7.tar.xz RUN=runs/h200 ...
-                               (a carried policy instead of learn: carry .offline/policy; bench/policy_pack.py)
+    python3 bench/gpu.py unpack+grpo POLICY_PACK=.offline/policy/sft4000_run17.tar.xz RUN=runs/h200 ...
+                               (a carried policy instead of learn: carry that one pack; bench/policy_pack.py)
     python3 bench/gpu.py grpo  RUN=runs/h200 SEEDS=0,1 GPUS=0,1 TARGET=25 MAX_MINUTES=10 [NPROC=2 ENV=sim|wm PAIR=... LR=...
                                PAIRS="RUN/model_pair RUN/model_pair_students": one run per pair and seed, at once
                                THRESHOLDS="pair closed-loop": one run per reward threshold too (after calibrate)
@@ -40,7 +40,7 @@ returns only a few files).
                                data, after unpack: unpack+wm; EPISODES=0: no demonstrations) VAL_RATIO=0.2 (held out)
                                MORE=1: train RUN's finished pair further, then its reward, pair and wm_eval again;
                                MORE_ROUNDS=1 MORE_MINUTES=4 [MIN_AGREEMENT=0.6]: so, where GRPO's gate would refuse the pair]
-    python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run12.tar.xz RUN=runs/h200 EPISODES=24
+    python3 bench/gpu.py unpack+cycle POLICY_PACK=.offline/policy/sft4000_run17.tar.xz RUN=runs/h200 EPISODES=24
                                MAX_MINUTES=6 GRPO_STEPS=20 [CYCLE_ARGS=...]   (make cycle from a carried policy: collect,
                                world models, reward, pair, GRPO in the pair, the 10 x 50 before and after)
     python3 bench/gpu.py probe PROBE_RUN=runs/probe PROBE_EPISODES=15 [ARCHS="32,64,128,256x1 p4:128,256,256x1" MINUTES=2
