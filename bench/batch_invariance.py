@@ -1,7 +1,10 @@
 """Does an observation's action depend on the batch it shares? A policy checkpoint's actions for
 random observations, one forward pass as the observations come (``act_batch``) against the
 runner's fixed-shape passes (``act``: every pass ``--rows`` rows, padded), alone, in batches of
-8 and 16 and in reverse order. Prints the largest difference of each comparison (0 = bit for bit).
+8 and 16 and in reverse order. Prints the largest difference of each comparison (0 = bit for bit)
+and what the padding costs: milliseconds per call for 1, 8 and 16 observations in each form
+(median of ``--repeats`` calls after one warm-up; on a GPU the evaluation's parent runs these
+passes while the simulator workers step).
 
     PYTHONPATH=python .venv/train/bin/python bench/batch_invariance.py --ckpt runs/cpu12/weights/sft/global_step_4000
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
@@ -33,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ckpt", type=Path, required=True, help="a policy checkpoint folder (weights/sft/global_step_N)")
     p.add_argument("--rows", type=int, default=16, help="rows of every fixed-shape pass")
     p.add_argument("--device", default="auto")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per form and batch size")
     a = p.parse_args(argv)
     if not a.ckpt.is_dir():
         sys.exit(f"error: {a.ckpt} is not a checkpoint folder: give RUN/weights/sft/global_step_N")
@@ -51,7 +57,22 @@ def main(argv: list[str] | None = None) -> dict:
                  "alone vs 16 reversed": np.abs(alone[::-1] - act(obs[::-1])).max()}
         out[name] = {k: float(v) for k, v in diffs.items()}
         print(f"{name:>16}: " + ", ".join(f"{k} {v:.2g}" for k, v in diffs.items()))
+    for name, act in (("as they come", runner.act_batch), (f"fixed {a.rows} rows", runner.act)):
+        ms = {n: milliseconds_per_call(act, obs[:n], a.repeats) for n in (1, 8, 16)}
+        out[name]["ms_per_call"] = ms
+        print(f"{name:>16}: " + ", ".join(f"{n} obs {v:.1f} ms" for n, v in ms.items()))
     return out
+
+
+def milliseconds_per_call(act, observations: list, repeats: int) -> float:
+    """Median wall time of ``act(observations)`` (it returns numpy arrays, so a GPU is synchronised)."""
+    act(observations)
+    times = []
+    for _ in range(max(1, repeats)):
+        t = time.perf_counter()
+        act(observations)
+        times.append(time.perf_counter() - t)
+    return 1000.0 * float(np.median(times))
 
 
 if __name__ == "__main__":
