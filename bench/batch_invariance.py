@@ -50,14 +50,15 @@ def main(argv: list[str] | None = None) -> dict:
     runner = PolicyRunner(a.ckpt, device=a.device, sampler="ode", batch_rows=a.rows)
     obs = observations(16, runner.image_size, int(runner.norm["p_m"].shape[-1]))
     out = {"device": str(runner.device)}
-    for name, act in (("as they come", runner.act_batch), (f"fixed {a.rows} rows", runner.act)):
+    forms = (("as they come", runner.act_batch), (f"fixed {a.rows} rows", runner.act))
+    for name, act in forms:
         alone = np.concatenate([act([o]) for o in obs])
         diffs = {"alone vs 8": np.abs(alone[:8] - act(obs[:8])).max(),
                  "alone vs 16": np.abs(alone - act(obs)).max(),
                  "alone vs 16 reversed": np.abs(alone[::-1] - act(obs[::-1])).max()}
         out[name] = {k: float(v) for k, v in diffs.items()}
         print(f"{name:>16}: " + ", ".join(f"{k} {v:.2g}" for k, v in diffs.items()))
-    for name, act in (("as they come", runner.act_batch), (f"fixed {a.rows} rows", runner.act)):
+    for name, act in forms:
         ms = {n: milliseconds_per_call(act, obs[:n], a.repeats) for n in (1, 8, 16)}
         out[name]["ms_per_call"] = ms
         print(f"{name:>16}: " + ", ".join(f"{n} obs {v:.1f} ms" for n, v in ms.items()))

@@ -105,7 +105,7 @@ the tree is replaced at every call; .offline/py312 with one policy pack and the 
 too much for one call; .offline/policy holds two packs, 39 MiB, so carry the one file you need,
 e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py312 and .gl, prepares and copies the tree to
 /root/tree (``runs`` linked to /root/runs); the second, made at once, carries .offline/wm312 and
-.offline/policy, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
+that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
 and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
 ``python3 bench/gpu.py wait``; each later call waits and brings the files back. A measurement of
 the world models' speed alone needs one call: carry .offline/wm312, ``pip install --no-index
