@@ -5,6 +5,7 @@
 #   .offline/policy/sft4000_run17.tar.xz  the supervised policy of run 17 (the default, jittered starts), from git history
 #   .offline/py312                        the simulator side for the GPU host's Python 3.12
 #   .offline/wm312                        DeepSpeed wheels for its world-model phases
+#   .offline/mujoco237                    the pinned mujoco's sources, built there for Python 3.12 (bench/mujoco_wheel.sh)
 #   .gl/*.deb                             the EGL/Vulkan loaders MuJoCo renders through there
 # Idempotent: what is present is kept (the policy pack's SHA-256 is checked either way).
 #   bash bench/prepare_carry.sh
@@ -30,6 +31,7 @@ PACKS
 make --no-print-directory .venv/train/.lock.sha256 .venv/wm/.lock.sha256 >/dev/null
 [ -f .offline/py312/MANIFEST.json ] || make --no-print-directory offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312
 ls .offline/wm312/deepspeed-*.whl >/dev/null 2>&1 || bash bench/make_wm_wheels.sh .offline/wm312
+[ -f .offline/mujoco237/mujoco-2.3.7.tar.gz ] || PATH="$PWD/.venv/tools/bin:$PATH" bash bench/mujoco_wheel.sh fetch .offline/mujoco237
 
 if ! ls .gl/libegl1_*.deb >/dev/null 2>&1; then  # Debian's loaders, as the device README says (any host arch)
   mkdir -p .gl /tmp/amd64/partial

@@ -4,6 +4,8 @@
 #   .gl/*.deb          EGL loader debs (libegl1, libglvnd0, ...), unpacked into /
 #   .offline/py312     the simulator side (make offline-bundle PYTHON_VERSION=3.12 OUT=.offline/py312)
 #   .offline/wm312     DeepSpeed wheels for the world-model phases (bash bench/make_wm_wheels.sh), optional
+#   .offline/mujoco237 the pinned mujoco's sources (bash bench/mujoco_wheel.sh fetch), optional: without
+#                      it the simulator is the bundle's mujoco 3.3.7 (no 2.3.7 wheel for Python 3.12)
 # Idempotent; prints the environment the stages need (bench/gpu.py sources it itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,13 @@ exec 9>/tmp/wmrl_prepare_gpu.lock
 flock 9
 if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 [ -d /tmp/sim/robosuite ] || python3 python/offline_bundle.py install --bundle .offline/py312 --target /tmp/sim --no-check >&2
+# The pinned physics, mujoco 2.3.7, which PyPI has no wheel of for this Python: with .offline/mujoco237
+# carried (bash bench/mujoco_wheel.sh fetch), its bindings are built here once per machine (minutes)
+# and installed over the bundle's mujoco; bench/physics_fingerprint.py checks it against the CPU's.
+if [ -d .offline/mujoco237 ] && ! PYTHONPATH=/tmp/sim python3 -c "import sys, mujoco; sys.exit(mujoco.__version__ != '2.3.7')" 2>/dev/null; then
+  ls /tmp/mujoco237_wheel/mujoco-2.3.7-*.whl >/dev/null 2>&1 || bash bench/mujoco_wheel.sh build .offline/mujoco237 /tmp/mujoco237_wheel >&2
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/sim /tmp/mujoco237_wheel/mujoco-2.3.7-*.whl >&2
+fi
 if [ -d .offline/wm312 ] && [ ! -d /tmp/wm/deepspeed ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl >&2
 fi
