@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from wmrl.evaluation.evidence import paired_change, sampler_label
+from wmrl.evaluation.evidence import change_text, paired_change, sampler_label
 
 
 def test_an_evaluations_label_names_the_sdes_temperature():
@@ -29,9 +29,23 @@ def test_a_change_read_state_by_state_has_the_paired_spread():
     m = sum(diffs) / 500
     assert c["paired_se"] == pytest.approx(math.sqrt(sum((d - m) ** 2 for d in diffs) / 499 / 500))
     assert c["paired_se"] == pytest.approx(0.0227, abs=5e-4) and c["mcnemar_chi2"] == pytest.approx(1600 / 132)
-    assert c["samplers"] == ["sde T=1", "sde T=1"]
+    assert c["samplers"] == ["sde T=1", "sde T=1"] and c["simulators"] == [None, None]
+    assert "simulators" not in change_text(c)
     assert paired_change({"episodes": episodes(before)}, {"episodes": episodes(after)[:499]}) is None  # other states
     assert paired_change({"summary": {}}, {"episodes": episodes(after)}) is None  # no episodes kept
+
+
+def test_a_change_across_simulator_builds_says_so():
+    before, after = [False, True, True, False], [True, True, False, True]
+    build = lambda v: {"sampler": "ode", "versions": {"mujoco": v}}  # noqa: E731
+    same = paired_change({"episodes": episodes(before), "settings": build("2.3.7")},
+                         {"episodes": episodes(after), "settings": build("2.3.7")})
+    assert same["simulators"] == ["mujoco 2.3.7"] * 2 and "simulators" not in change_text(same)
+    other = paired_change({"episodes": episodes(before), "settings": build("2.3.7")},
+                          {"episodes": episodes(after), "settings": build("3.3.7")})
+    assert (other["up"], other["down"]) == (same["up"], same["down"])  # the figures are the same, the reading is not
+    assert "simulators mujoco 2.3.7 -> mujoco 3.3.7: the change is the build's" in change_text(other)
+    assert change_text(other, samplers=False).endswith("as well as the policy's)")
 
 
 def test_a_newer_evaluation_with_another_sampler_keeps_the_older_beside_it(tmp_path):

@@ -79,6 +79,14 @@ def replacement_note(evidence: Path, settings: dict) -> str | None:
             "report still show it)")
 
 
+def simulator_label(settings: dict) -> str | None:
+    """The simulator build an evaluation ran in ("mujoco 2.3.7"), None where it recorded none.
+    Builds matter: one GRPO policy read 78.8% in mujoco 3.3.7 and 67.0% in 2.3.7 on the same machine
+    (bench/RESULTS.md, "Run 19")."""
+    version = (settings.get("versions") or {}).get("mujoco")
+    return f"mujoco {version}" if version else None
+
+
 def paired_change(before: dict, after: dict) -> dict | None:
     """The change in success between two evaluations of the same fixed states, read state by
     state (``results["episodes"]``, keyed by task and trial): how many states went from failure to
@@ -100,15 +108,20 @@ def paired_change(before: dict, after: dict) -> dict | None:
     var = (up + down - n * change ** 2) / (n - 1) if n > 1 else 0.0
     return {"states": n, "up": up, "down": down, "change": change, "paired_se": math.sqrt(max(var, 0.0) / n),
             "mcnemar_chi2": (up - down) ** 2 / (up + down) if up + down else 0.0,
-            "samplers": [sampler_label(before.get("settings", {})), sampler_label(after.get("settings", {}))]}
+            "samplers": [sampler_label(before.get("settings", {})), sampler_label(after.get("settings", {}))],
+            "simulators": [simulator_label(before.get("settings", {})), simulator_label(after.get("settings", {}))]}
 
 
 def change_text(c: dict, samplers: bool = True) -> str:
     """A ``paired_change`` as read: the change, its paired standard error, the states that moved
-    (and with ``samplers`` the sampler, or "before -> after" where they differ)."""
+    (and with ``samplers`` the sampler, or "before -> after" where they differ), and a warning where
+    the two ran in different simulator builds."""
     which = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
+    sims = c.get("simulators") or [None, None]
+    builds = (f"; simulators {sims[0]} -> {sims[1]}: the change is the build's as well as the policy's"
+              if None not in sims and sims[0] != sims[1] else "")
     return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
-            f"{c['up']} of {c['states']} states up, {c['down']} down" + (f"; {which})" if samplers else ")"))
+            f"{c['up']} of {c['states']} states up, {c['down']} down" + (f"; {which}" if samplers else "") + builds + ")")
 
 
 def supervised_origin(step0: Path) -> tuple[Path, str | None] | None:
