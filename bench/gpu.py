@@ -97,8 +97,8 @@ returns only a few files).
 
 A phase that stops at a call's end is continued by running it again: every stage resumes.
 
-What the calls carry (.offline/py312, .offline/wm312, .offline/mujoco237, .offline/policy, .gl) is ignored by git and
-does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it (a few minutes).
+What the calls carry (.offline/py312, .offline/wm312, .offline/mujoco237, .offline/policy, .gl) is
+ignored by git and does not outlive a checkout: ``bash bench/prepare_carry.sh`` rebuilds all of it (a few minutes).
 
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
 the tree is replaced at every call; .offline/py312 with one policy pack and the tree is ~66 MiB,
@@ -107,8 +107,8 @@ e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py31
 /root/tree (``runs`` linked to /root/runs); with .offline/mujoco237 carried too (~60 MiB in all) it
 builds the pinned mujoco 2.3.7 there and simulates with it instead of the bundle's 3.3.7 (a GRPO gain
 measured in one build did not carry to the other: bench/RESULTS.md, "Run 19"); the second, made at
-once, carries .offline/wm312 and that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy
-and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
+once, carries .offline/wm312 and that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed),
+copies the policy to /root/policy and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
 ``python3 bench/gpu.py wait``; each later call waits and brings the files back. A measurement of
 the world models' speed alone needs one call: carry .offline/wm312, ``pip install --no-index
 --target /tmp/wm .offline/wm312/*.whl``, ``PYTHONPATH=/tmp/wm:python python3 bench/wm_throughput.py``.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from wmrl.evaluation.evidence import paired_change  # noqa: E402
+from wmrl.evaluation.evidence import build_warning, paired_change  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{c['states']} states: {c['up']} up, {c['down']} down; change {100 * c['change']:+.1f} points, paired "
           f"standard error {100 * c['paired_se']:.1f}; McNemar chi2 {c['mcnemar_chi2']:.1f}; samplers "
           f"{' -> '.join(c['samplers'])}; simulators {' -> '.join(s or 'unrecorded' for s in c['simulators'])}")
-    if None not in c["simulators"] and c["simulators"][0] != c["simulators"][1]:
-        print("warning: the two ran in different simulator builds: the change is the build's as well as the policy's "
-              "(bench/RESULTS.md, \"Run 19\": one policy read 11.8 points apart in mujoco 2.3.7 and 3.3.7)")
+    if build_warning(c):
+        print(f"warning: {build_warning(c)} (bench/RESULTS.md, \"Run 19\": one policy read 11.8 points apart "
+              "in mujoco 2.3.7 and 3.3.7)")
     return c
 
 

@@ -112,14 +112,21 @@ def paired_change(before: dict, after: dict) -> dict | None:
             "simulators": [simulator_label(before.get("settings", {})), simulator_label(after.get("settings", {}))]}
 
 
+def build_warning(c: dict) -> str | None:
+    """Where a ``paired_change``'s two evaluations ran in different simulator builds, the words that
+    say so; None where they ran in the same build or either recorded none."""
+    sims = c.get("simulators") or [None, None]
+    if None in sims or sims[0] == sims[1]:
+        return None
+    return f"simulators {sims[0]} -> {sims[1]}: the change is the build's as well as the policy's"
+
+
 def change_text(c: dict, samplers: bool = True) -> str:
     """A ``paired_change`` as read: the change, its paired standard error, the states that moved
     (and with ``samplers`` the sampler, or "before -> after" where they differ), and a warning where
     the two ran in different simulator builds."""
     which = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
-    sims = c.get("simulators") or [None, None]
-    builds = (f"; simulators {sims[0]} -> {sims[1]}: the change is the build's as well as the policy's"
-              if None not in sims and sims[0] != sims[1] else "")
+    builds = f"; {build_warning(c)}" if build_warning(c) else ""
     return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
             f"{c['up']} of {c['states']} states up, {c['down']} down" + (f"; {which}" if samplers else "") + builds + ")")
 
