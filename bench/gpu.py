@@ -105,10 +105,11 @@ the tree is replaced at every call; .offline/py312 with one policy pack and the 
 too much for one call; .offline/policy holds two packs, 39 MiB, so carry the one file you need,
 e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py312 and .gl, prepares and copies the tree to
 /root/tree (``runs`` linked to /root/runs); with .offline/mujoco237 carried too (~60 MiB in all) it
-builds the pinned mujoco 2.3.7 there and simulates with it instead of the bundle's 3.3.7 (a GRPO gain
-measured in one build did not carry to the other: bench/RESULTS.md, "Run 19"); the second, made at
-once, carries .offline/wm312 and that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed),
-copies the policy to /root/policy and starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
+builds the pinned mujoco 2.3.7 there (292 s on an H100 host's 16 cores) and
+simulates with it instead of the bundle's 3.3.7 (a GRPO gain measured in one build did not carry to the
+other: bench/RESULTS.md, "Runs 19 and 20"); the second, made at once, carries .offline/wm312 and
+that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy and
+starts the whole chain in /root/tree with BACKGROUND=1 and POLICY_PACK=/root/policy/..., then
 ``python3 bench/gpu.py wait``; each later call waits and brings the files back. A measurement of
 the world models' speed alone needs one call: carry .offline/wm312, ``pip install --no-index
 --target /tmp/wm .offline/wm312/*.whl``, ``PYTHONPATH=/tmp/wm:python python3 bench/wm_throughput.py``.

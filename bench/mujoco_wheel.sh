@@ -91,7 +91,21 @@ assert "_simulate simulate.cc" not in text and "add_subdirectory(simulate)" not 
 assert "ON\n  PACKAGE_NAME\n  pybind11\n" in text, "unexpected CMakeLists.txt (pybind11)"
 open(path, "w").write(text)
 EOF
-  cmake -S "$work/mujoco-2.3.7/mujoco" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  # Some images' compilers carry a dangling libstdc++.so (seen on the lent GPU machine: /opt/gcc's
+  # points at a libstdc++.so.6 that is not there, and every module's link failed): then link against
+  # the system's libstdc++.so.6, the library the modules load at run time anyway.
+  local cxx_lib; cxx_lib=$("${CXX:-c++}" -print-file-name=libstdc++.so 2>/dev/null || true)
+  if [ -L "$cxx_lib" ] && [ ! -e "$cxx_lib" ]; then
+    local system_lib; system_lib=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+    [ -n "$system_lib" ] || { echo "error: $cxx_lib is a dangling link and ldconfig knows no libstdc++.so.6: install libstdc++" >&2; exit 2; }
+    mkdir "$work/stdcxx" && ln -s "$system_lib" "$work/stdcxx/libstdc++.so"
+    export LDFLAGS="-L$work/stdcxx ${LDFLAGS:-}"
+    echo "note: $cxx_lib is a dangling link; linking against $system_lib" >&2
+  fi
+  # CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF keeps pybind11 from adding -flto: its serial link-time
+  # step took most of the 8-33 minutes on two cores, and the bindings only marshal arguments into the
+  # official libmujoco.so, which does the physics (bench/physics_fingerprint.py checks it stays bit for bit).
+  cmake -S "$work/mujoco-2.3.7/mujoco" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
     -DCMAKE_MODULE_PATH="$work/mujoco-2.3.7/cmake" -DPython3_EXECUTABLE="$(command -v "$py")" \
     -DMUJOCO_LIBRARY_DIR="$work/lib" -DMUJOCO_INCLUDE_DIR="$pkg/mujoco/include" -DBUILD_TESTING=OFF \
     -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_ABSEIL-CPP="$work/absl" \

