@@ -2,7 +2,8 @@
 # The pinned simulator (mujoco 2.3.7) for a Python that PyPI has no 2.3.7 wheel for (the lent GPU
 # machine's 3.12): the same libmujoco.so.2.3.7 as the official wheels, with its Python bindings
 # compiled for that Python. The physics is that library's, so it is the pin's, bit for bit; only the
-# pybind11 glue is rebuilt. Two steps:
+# pybind11 glue is rebuilt (under NumPy 2.5 robosuite's controller rounds differently, 3e-16 after one
+# chunk: bench/RESULTS.md, "Run 20"). Two steps:
 #
 #   bash bench/mujoco_wheel.sh fetch [OUT=.offline/mujoco237]
 #       here (PyPI and Debian reachable): the 2.3.7 sdist (the bindings' sources), the official cp311
@@ -10,7 +11,8 @@
 #       archive (~9.5 MB), each checked against the checksum below
 #   bash bench/mujoco_wheel.sh build SRC [WHEEL_DIR=SRC/wheels]   (PYTHON=python3: the target Python)
 #       on the machine of the target Python (needs cmake, a C++17 compiler, the Python headers and the
-#       `wheel` package): writes mujoco-2.3.7-cpXY-cpXY-linux_x86_64.whl
+#       `wheel` package): writes mujoco-2.3.7-cpXY-cpXY-linux_x86_64.whl (3.8 minutes on 2 cores here,
+#       292 s with the install on the lent H100 host)
 #
 # The interactive viewer (mujoco.viewer, module _simulate) is left out: it needs GLFW and lodepng
 # sources, and the kit renders offscreen only. Abseil and Eigen are Debian's releases (20220623.1,
