@@ -53,6 +53,7 @@ fetch() {
 build() {
   local src="${1:?usage: bash bench/mujoco_wheel.sh build SRC [WHEEL_DIR]}" py="${PYTHON:-python3}" work
   local wheel_dir="${2:-$src/wheels}"
+  [ -d "$src" ] || { echo "error: no folder $src: run 'bash bench/mujoco_wheel.sh fetch $src' where PyPI is reachable, and carry it" >&2; exit 2; }
   src="$(cd "$src" && pwd)"; mkdir -p "$wheel_dir"; wheel_dir="$(cd "$wheel_dir" && pwd)"
   # Everything the build needs, checked before anything is unpacked or compiled.
   while read -r name _ sha; do
