@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{c['states']} states: {c['up']} up, {c['down']} down; change {100 * c['change']:+.1f} points, paired "
           f"standard error {100 * c['paired_se']:.1f}; McNemar chi2 {c['mcnemar_chi2']:.1f}; samplers "
           f"{' -> '.join(c['samplers'])}; simulators {' -> '.join(s or 'unrecorded' for s in c['simulators'])}")
-    if build_warning(c):
-        print(f"warning: {build_warning(c)} (bench/RESULTS.md, \"Run 19\": one policy read 11.8 points apart "
+    if warning := build_warning(c):
+        print(f"warning: {warning} (bench/RESULTS.md, \"Run 19\": one policy read 11.8 points apart "
               "in mujoco 2.3.7 and 3.3.7)")
     return c
 

