@@ -102,7 +102,7 @@ ignored by git and does not outlive a checkout: ``bash bench/prepare_carry.sh`` 
 
 A chain over several calls of the lent machine (each call may carry 64 MiB with the tree, and
 the tree is replaced at every call; .offline/py312 with one policy pack and the tree is ~66 MiB,
-too much for one call; .offline/policy holds two packs, 39 MiB, so carry the one file you need,
+too much for one call; .offline/policy holds three packs, 58 MiB, so carry the one file you need,
 e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py312 and .gl, prepares and copies the tree to
 /root/tree (``runs`` linked to /root/runs); with .offline/mujoco237 carried too (~60 MiB in all) it
 builds the pinned mujoco 2.3.7 there (292 s on an H100 host's 16 cores) and

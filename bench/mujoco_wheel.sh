@@ -94,17 +94,6 @@ assert "_simulate simulate.cc" not in text and "add_subdirectory(simulate)" not 
 assert "ON\n  PACKAGE_NAME\n  pybind11\n" in text, "unexpected CMakeLists.txt (pybind11)"
 open(path, "w").write(text)
 EOF
-  # Some images' compilers carry a dangling libstdc++.so (seen on the lent GPU machine: /opt/gcc's
-  # points at a libstdc++.so.6 that is not there, and every module's link failed): then link against
-  # the system's libstdc++.so.6, the library the modules load at run time anyway.
-  local cxx_lib; cxx_lib=$("${CXX:-c++}" -print-file-name=libstdc++.so 2>/dev/null || true)
-  if [ -L "$cxx_lib" ] && [ ! -e "$cxx_lib" ]; then
-    local system_lib; system_lib=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
-    [ -n "$system_lib" ] || { echo "error: $cxx_lib is a dangling link and ldconfig knows no libstdc++.so.6: install libstdc++" >&2; exit 2; }
-    mkdir "$work/stdcxx" && ln -s "$system_lib" "$work/stdcxx/libstdc++.so"
-    export LDFLAGS="-L$work/stdcxx ${LDFLAGS:-}"
-    echo "note: $cxx_lib is a dangling link; linking against $system_lib" >&2
-  fi
   # CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF keeps pybind11 from adding -flto: its serial link-time
   # step took most of the 8-33 minutes on two cores, and the bindings only marshal arguments into the
   # official libmujoco.so, which does the physics (bench/physics_fingerprint.py checks it stays bit for bit).
@@ -114,6 +103,22 @@ EOF
     -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_ABSEIL-CPP="$work/absl" \
     -DFETCHCONTENT_SOURCE_DIR_EIGEN="$work/eigen" -Dpybind11_DIR="$work/pybind11/pybind11/share/cmake/pybind11" >"$work/cmake.log" \
     || { tail -30 "$work/cmake.log" >&2; exit 1; }
+  # Some images' compilers carry a dangling libstdc++.so (seen on the lent GPU machine: /opt/gcc's
+  # points at a libstdc++.so.6 that is not there, and every module's link failed): then link against
+  # the system's libstdc++.so.6, the library the modules load at run time anyway. The compiler asked
+  # is the one CMake chose (there: /opt/gcc's, while `c++` on PATH was the system's, whose link is whole).
+  local cxx cxx_lib
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$work/build/CMakeCache.txt")
+  cxx_lib=$("${cxx:-c++}" -print-file-name=libstdc++.so 2>/dev/null || true)
+  if [ -L "$cxx_lib" ] && [ ! -e "$cxx_lib" ]; then
+    local system_lib; system_lib=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+    [ -n "$system_lib" ] || { echo "error: $cxx_lib is a dangling link and ldconfig knows no libstdc++.so.6: install libstdc++" >&2; exit 2; }
+    mkdir -p "$work/stdcxx" && ln -sf "$system_lib" "$work/stdcxx/libstdc++.so"
+    echo "note: $cxx ($cxx_lib) is a dangling link; linking against $system_lib" >&2
+    local flags; flags="-L$work/stdcxx $(sed -n 's/^CMAKE_MODULE_LINKER_FLAGS:[A-Z]*=//p' "$work/build/CMakeCache.txt")"
+    cmake -S "$work/mujoco-2.3.7/mujoco" -B "$work/build" -DCMAKE_MODULE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >>"$work/cmake.log" \
+      || { tail -30 "$work/cmake.log" >&2; exit 1; }
+  fi
   local modules="_callbacks _constants _enums _errors _functions _render _rollout _structs"
   # shellcheck disable=SC2086
   cmake --build "$work/build" -j "$(nproc)" --target $modules

@@ -3,6 +3,7 @@
 # checkout that has none of it (these folders are ignored by git and do not outlive a checkout):
 #   .offline/policy/sft4000_run12.tar.xz  the supervised policy of run 12 (demonstrations at rest), from git history
 #   .offline/policy/sft4000_run17.tar.xz  the supervised policy of run 17 (the default, jittered starts), from git history
+#   .offline/policy/sft4000_run21.tar.xz  the supervised policy of run 21 (the whole recipe in the pinned mujoco 2.3.7), from git history
 #   .offline/py312                        the simulator side for the GPU host's Python 3.12
 #   .offline/wm312                        DeepSpeed wheels for its world-model phases
 #   .offline/mujoco237                    the pinned mujoco's sources, built there for Python 3.12 (bench/mujoco_wheel.sh)
@@ -15,7 +16,7 @@ for p in /.gl/ /.offline/; do  # never committed (they would travel with every c
   grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
 done
 
-# name, commit that holds bench/packs/<name>.tar.xz, its SHA-256 (bench/RESULTS.md "Run 12" / "Run 17")
+# name, commit that holds bench/packs/<name>.tar.xz, its SHA-256 (bench/RESULTS.md "Run 12" / "Run 17" / "Run 21")
 while read -r name commit sha; do
   pack=.offline/policy/$name.tar.xz
   if [ ! -f "$pack" ]; then
@@ -26,6 +27,7 @@ while read -r name commit sha; do
 done <<'PACKS'
 sft4000_run12 9352d953 e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7
 sft4000_run17 7ba21dfb 6ce1054c485409807b28fedd392db381e439814b6b174269467242f11cf02a02
+sft4000_run21 40957923 f0380c696cd00d8d9082bb31ae2a6e975880b362220c17eacbec405ec60f9104
 PACKS
 
 make --no-print-directory .venv/train/.lock.sha256 .venv/wm/.lock.sha256 >/dev/null
