@@ -4,6 +4,7 @@
 #   .offline/policy/sft4000_run12.tar.xz  the supervised policy of run 12 (demonstrations at rest), from git history
 #   .offline/policy/sft4000_run17.tar.xz  the supervised policy of run 17 (the default, jittered starts), from git history
 #   .offline/policy/sft4000_run21.tar.xz  the supervised policy of run 21 (the whole recipe in the pinned mujoco 2.3.7), from git history
+#   .offline/state/grpo_run21_seed0_step3_state_delta.tar.xz  GRPO from run 21 at step 3, to resume (a delta against it)
 #   .offline/py312                        the simulator side for the GPU host's Python 3.12
 #   .offline/wm312                        DeepSpeed wheels for its world-model phases
 #   .offline/mujoco237                    the pinned mujoco's sources, built there for Python 3.12 (bench/mujoco_wheel.sh)
@@ -16,18 +17,20 @@ for p in /.gl/ /.offline/; do  # never committed (they would travel with every c
   grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
 done
 
-# name, commit that holds bench/packs/<name>.tar.xz, its SHA-256 (bench/RESULTS.md "Run 12" / "Run 17" / "Run 21")
-while read -r name commit sha; do
-  pack=.offline/policy/$name.tar.xz
+# folder under .offline, name, commit that holds bench/packs/<name>.tar.xz, its SHA-256
+# (bench/RESULTS.md "Run 12" / "Run 17" / "Run 21"; state: a GRPO run's full state to resume, a delta)
+while read -r dir name commit sha; do
+  pack=.offline/$dir/$name.tar.xz
   if [ ! -f "$pack" ]; then
-    mkdir -p .offline/policy
+    mkdir -p ".offline/$dir"
     git show "$commit:bench/packs/$name.tar.xz" > "$pack.tmp" && mv "$pack.tmp" "$pack"
   fi
   echo "$sha  $pack" | sha256sum -c --quiet || { echo "error: $pack is not $name's pack: delete it and rerun" >&2; exit 2; }
 done <<'PACKS'
-sft4000_run12 9352d953 e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7
-sft4000_run17 7ba21dfb 6ce1054c485409807b28fedd392db381e439814b6b174269467242f11cf02a02
-sft4000_run21 40957923 f0380c696cd00d8d9082bb31ae2a6e975880b362220c17eacbec405ec60f9104
+policy sft4000_run12 9352d953 e702c253518abaf499119befa5486ce9c6ef619d6adf9ca2b3c94d419a669ae7
+policy sft4000_run17 7ba21dfb 6ce1054c485409807b28fedd392db381e439814b6b174269467242f11cf02a02
+policy sft4000_run21 40957923 f0380c696cd00d8d9082bb31ae2a6e975880b362220c17eacbec405ec60f9104
+state grpo_run21_seed0_step3_state_delta 3c664dd6 edb8e42c698c011a86db045934edc26cad681ba7df8428b752cd0d6a5f23479c
 PACKS
 
 make --no-print-directory .venv/train/.lock.sha256 .venv/wm/.lock.sha256 >/dev/null
