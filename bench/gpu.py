@@ -7,7 +7,8 @@ versions beside its figures (``BENCH_OUT/<phase><TAG>_settings.json``), the wall
 returns only a few files).
 
     python3 bench/gpu.py learn RUN=runs/h200 EPISODES=50 STEPS=4000 [DEMO_ARGS="--action-noise 0.2"] [SFT_ARGS="--seed 1"]
-                               [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256]
+                               [PACK_BACK=1 PACK_NAME=sft4000: the policy as BENCH_OUT/sft4000.tar.xz.part00, .part01, .sha256;
+                               PACK_SFT=1: the same where PACK_BACK means grpo's, e.g. learn+eval+grpo PACK_SFT=1 PACK_BACK=state]
     python3 bench/gpu.py eval  RUN=runs/h200 CKPT=sft/4000 [SAMPLER=ode] [TEMPERATURE=1.6] [OVERWRITE=1] [TRIALS=10]
     python3 bench/gpu.py unpack+signal POLICY_PACK=.offline/policy/sft4000_run17.tar.xz RUN=runs/h200 [BATCHES=4 GROUPS=16
                                VARIANTS=0,3,1]   (the GRPO gradient's signal and noise: bench/grpo_signal.py)
@@ -239,7 +240,9 @@ def phase_learn(v: dict, env: dict) -> None:
     run = v.get("RUN", "runs/h200")
     demos_and_sft(run, v.get("WORKERS", str(os.cpu_count())), v, env, v.get("STEPS", "4000"))
     pack(Path(run), "learn")
-    if v.get("PACK_BACK") == "1":  # the supervised policy itself, to carry in later sessions (POLICY_PACK=...)
+    # the supervised policy itself, to carry in later sessions (POLICY_PACK=...); PACK_SFT=1 asks for it
+    # in a chain whose grpo phase brings back its state (learn+eval+grpo PACK_SFT=1 PACK_BACK=state+moments)
+    if v.get("PACK_BACK") == "1" or v.get("PACK_SFT") == "1":
         layout, name = RunLayout(run), v.get("PACK_NAME", f"sft{v.get('STEPS', '4000')}")
         steps = layout.policy_steps("sft")
         if steps:
