@@ -12,7 +12,10 @@
 #   bash bench/mujoco_wheel.sh build SRC [WHEEL_DIR=SRC/wheels]   (PYTHON=python3: the target Python)
 #       on the machine of the target Python (needs cmake, a C++17 compiler, the Python headers and the
 #       `wheel` package): writes mujoco-2.3.7-cpXY-cpXY-linux_x86_64.whl (3.8 minutes on 2 cores here,
-#       292 s with the install on the lent H100 host)
+#       292 s with the install on the lent H100 host). The lent machine's cp312 wheel is built here, with
+#       pyenv's 3.12.1 (PYTHON=~/.pyenv/versions/3.12.1/bin/python3; glibc 2.34 and GLIBCXX 3.4.29 at
+#       least), and kept in git history (bench/prepare_carry.sh restores it; bench/prepare_gpu.sh builds
+#       one there only where it does not load)
 #
 # The interactive viewer (mujoco.viewer, module _simulate) is left out: it needs GLFW and lodepng
 # sources, and the kit renders offscreen only. Abseil and Eigen are Debian's releases (20220623.1,
