@@ -105,10 +105,12 @@ A chain over several calls of the lent machine (each call may carry 64 MiB with 
 the tree is replaced at every call; .offline/py312 with one policy pack and the tree is ~66 MiB,
 too much for one call; .offline/policy holds three packs, 58 MiB, so carry the one file you need,
 e.g. .offline/policy/sft4000_run17.tar.xz): the first call carries .offline/py312 and .gl, prepares and copies the tree to
-/root/tree (``runs`` linked to /root/runs); with .offline/mujoco237 carried too (~53 MiB in all) it
+/root/tree (``runs`` linked to /root/runs); with .offline/mujoco237 carried too (~62 MiB with the tree) it
 installs the pinned mujoco 2.3.7's wheel built for Python 3.12 on the CPU machine (kept in git history,
-restored by prepare_carry.sh; where it does not load, it builds one there, 292 s on an H100 host's 16
-cores, and leaves a copy in BENCH_OUT to keep) and
+restored by prepare_carry.sh; where it does not load, it builds one there from the sources beside it,
+292 s on an H100 host's 16 cores, and leaves a copy in BENCH_OUT to keep; carrying the wheel's file
+alone, .offline/mujoco237/mujoco-2.3.7-cp312-cp312-linux_x86_64.whl, saves 9 MiB, and then a wheel
+that does not load stops the preparation until the folder is carried) and
 simulates with it instead of the bundle's 3.3.7 (a GRPO gain measured in one build did not carry to the
 other: bench/RESULTS.md, "Runs 19 and 20"); the second, made at once, carries .offline/wm312 and
 that one pack, runs ``bash bench/prepare_gpu.sh`` (DeepSpeed), copies the policy to /root/policy and
