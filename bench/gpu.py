@@ -1,7 +1,9 @@
 """The GPU measurements of bench/RESULTS.md: each phase runs the kit's own stage scripts with
 the Make variables' names and meanings, on a lent GPU machine (``bash bench/prepare_gpu.sh``
-readies it; this script calls it). Every phase writes its variables, the machine and the
-versions beside its figures (``BENCH_OUT/<phase><TAG>_settings.json``), the wall time of every stage
+readies it; this script calls it). Every phase writes its variables, the machine, the
+versions and the physics it runs (bench/physics_fingerprint.py against the stored fingerprints:
+"identical_to": ["h100_mujoco237"] where the pinned build runs) beside its figures
+(``BENCH_OUT/<phase><TAG>_settings.json``), the wall time of every stage
 (``BENCH_OUT/times.jsonl``), the stages' logs, and a tarball of the run's small artefacts
 (``BENCH_OUT``: default runs/gpu_out; bring it back in one tarball, the lent machine's tool
 returns only a few files).
@@ -180,7 +182,32 @@ def machine(env: dict) -> dict:
     last = (r.stdout.strip().splitlines() or [""])[-1]
     info["versions"] = json.loads(last) if r.returncode == 0 else {"error": r.stderr[-300:]}
     info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    info["physics"] = physics(env)
     return info
+
+
+def physics(env: dict) -> dict:
+    """Which physics this machine runs, as bench/physics_fingerprint.py reads it (once per machine,
+    ~10 s): the stored fingerprint it equals bit for bit, if any. A GRPO gain belongs to the build it
+    trained in (bench/RESULTS.md, "Run 19"), so every phase's settings name it, and a run that was
+    meant for the pinned 2.3.7 but got the bundle's 3.3.7 (.offline/mujoco237 not carried) shows it."""
+    cache = Path("/tmp/wmrl_physics_fingerprint.json")
+    # read again once a mujoco on the stages' path changed (prepare_gpu.sh installs 2.3.7 over 3.3.7)
+    installed = [Path(p) / "mujoco" for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    changed = max((m.stat().st_mtime for m in installed if m.is_dir()), default=0.0)
+    if not cache.is_file() or cache.stat().st_mtime < changed:
+        r = subprocess.run([PY, "bench/physics_fingerprint.py", "--out", str(cache)], cwd=ROOT, env=env,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return {"error": (r.stderr or r.stdout)[-300:]}
+    mine = json.loads(cache.read_text())
+    known = {f.stem.removeprefix("physics_fingerprint_"): json.loads(f.read_text())["sha256"]
+             for f in sorted((ROOT / "bench" / "baselines").glob("physics_fingerprint_*.json"))}
+    same = [name for name, sha in known.items() if sha == mine["sha256"]]
+    out = {"sha256": mine["sha256"], "versions": mine["versions"], "identical_to": same}
+    print(f"[gpu] physics: mujoco {mine['versions'].get('mujoco')}, fingerprint {mine['sha256'][:16]}, "
+          f"{'bit for bit ' + ', '.join(same) if same else 'like no stored fingerprint'}", flush=True)
+    return out
 
 
 def stage(name: str, script: str, args: list, env: dict, *, background: bool = False, extra_env: dict | None = None,
