@@ -23,8 +23,14 @@ if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 # none is, or it does not load here (other system libraries), the bindings are built here, once per
 # machine (~5 minutes of device time), and a copy of the wheel goes into the bench output folder, which
 # the call brings back, so that it can be kept.
-mujoco_237() { MUJOCO_GL=disable PYTHONPATH=/tmp/sim python3 -c "import sys, mujoco
-sys.exit(mujoco.__version__ != '2.3.7' or mujoco.mj_step(*(lambda m: (m, mujoco.MjData(m)))(mujoco.MjModel.from_xml_string('<mujoco/>'))))" 2>/dev/null; }
+mujoco_237() {  # 2.3.7 is what /tmp/sim imports, and its compiled bindings load and step a model
+  MUJOCO_GL=disable PYTHONPATH=/tmp/sim python3 - 2>/dev/null <<'EOF'
+import sys, mujoco
+model = mujoco.MjModel.from_xml_string("<mujoco/>")
+mujoco.mj_step(model, mujoco.MjData(model))
+sys.exit(mujoco.__version__ != "2.3.7")
+EOF
+}
 install_mujoco() {  # the bundle's 3.3.7 removed first: pip --target --upgrade keeps its old dist-info
   rm -rf /tmp/sim/mujoco /tmp/sim/mujoco-*.dist-info
   python3 -m pip install -q --no-index --no-deps --target /tmp/sim "$1" >&2 && mujoco_237
