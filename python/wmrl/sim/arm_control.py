@@ -23,6 +23,8 @@ import numpy as np
 
 class ArmControl:
     def __init__(self, raw):
+        # imported here, as everywhere in wmrl.sim: MuJoCo reads its rendering backend (MUJOCO_GL) at
+        # import, which configure_renderer sets first; kept on the instance for the substeps
         import mujoco
         from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
 
